@@ -1,0 +1,595 @@
+#include "kernels/cpu/cpu_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/key_hash.h"
+#include "kernels/initializer_math.h"
+#include "kernels/optimizer_math.h"
+
+namespace ember {
+namespace {
+
+constexpr uint32_t kNoRow = 0xffffffffu;
+constexpr size_t kMinIndexSize = 16;
+constexpr size_t kChunkTargetBytes = 16384;
+// Keys probed ahead of the one being resolved; enough to cover a DRAM miss.
+constexpr size_t kPrefetchDistance = 12;
+
+inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+inline uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash >> 32) & 0xffu; }
+inline uint32_t Entry(uint32_t row, uint64_t hash) { return ((row + 1) << 8) | TagOf(hash); }
+inline uint32_t EntryRow(uint32_t entry) { return (entry >> 8) - 1; }
+
+inline uint64_t RecordKey(const uint8_t* record) {
+  uint64_t k;
+  memcpy(&k, record, 8);
+  return k;
+}
+inline uint32_t* ScoreOf(uint8_t* record) { return reinterpret_cast<uint32_t*>(record + 8); }
+inline uint32_t* StepOf(uint8_t* record) { return reinterpret_cast<uint32_t*>(record + 12); }
+
+// Per-thread scratch reused across calls: batches are often large, and a
+// fresh allocation per call would go to mmap and back each time.
+struct Scratch {
+  std::vector<uint64_t> hashes;
+  std::vector<uint32_t> order;
+  std::vector<uint32_t> offsets;
+  std::vector<uint32_t> candidates;
+  std::vector<uint32_t> pending;
+  std::vector<std::pair<uint64_t, uint32_t>> sorted;
+  std::vector<float> grad;
+};
+Scratch& LocalScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+}  // namespace
+
+struct alignas(64) CpuStore::Stripe {
+  mutable absl::Mutex mu;
+  // Open-addressing index; index_mask + 1 entries, a power of two.
+  std::unique_ptr<uint32_t[]> index ABSL_GUARDED_BY(mu);
+  size_t index_mask ABSL_GUARDED_BY(mu) = 0;
+  // Dense row records, rows [0, size), in chunks of 1 << chunk_shift_ rows.
+  std::vector<std::unique_ptr<uint8_t[]>> chunks ABSL_GUARDED_BY(mu);
+  uint32_t size ABSL_GUARDED_BY(mu) = 0;
+  uint32_t capacity = 0;  // rows this stripe may hold; fixed at creation
+  uint64_t rng ABSL_GUARDED_BY(mu) = 0x853c49e6748fea9bULL;
+};
+
+// A batch grouped by stripe: keys order[offsets[s]..offsets[s+1]) are in stripe s.
+struct CpuStore::Batch {
+  const uint64_t* hashes;
+  const uint32_t* order;
+  const uint32_t* offsets;
+};
+
+absl::StatusOr<std::unique_ptr<CpuStore>> CpuStore::Create(const TableConfig& config) {
+  if (absl::Status s = ValidateTableConfig(config); !s.ok()) return s;
+  const uint64_t limit = static_cast<uint64_t>(kMaxStripes) * kMaxRowsPerStripe;
+  if (config.capacity > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", config.name,
+                                                   "' field 'capacity': expected at most ", limit,
+                                                   " rows per shard, received ", config.capacity));
+  }
+  return std::unique_ptr<CpuStore>(new CpuStore(config));
+}
+
+CpuStore::CpuStore(const TableConfig& config)
+    : EmbeddingStore(config),
+      dim_(config.dim),
+      dtype_(config.dtype),
+      value_bytes_(config.dim * DTypeSize(config.dtype)),
+      state_floats_(config.dim * OptimizerStateFloatsPerElement(config.optimizer.kind)),
+      has_step_(OptimizerHasStepCount(config.optimizer.kind)) {
+  // Record: key (8) | score (4) | [step (4)] | row (padded to 4) | state.
+  value_offset_ = has_step_ ? 16 : 12;
+  state_offset_ = value_offset_ + ((value_bytes_ + 3) & ~size_t{3});
+  stride_ = state_offset_ + state_floats_ * sizeof(float);
+  const size_t rows_per_chunk = std::max<size_t>(16, std::bit_floor(kChunkTargetBytes / stride_ + 1));
+  chunk_shift_ = static_cast<uint32_t>(std::countr_zero(rows_per_chunk));
+
+  // Small tables get one stripe (exact eviction order); large ones up to 256.
+  if (config.capacity == 0) {
+    num_stripes_ = kMaxStripes;
+  } else {
+    uint64_t want = std::max<uint64_t>(1, config.capacity / 1024);
+    num_stripes_ = static_cast<uint32_t>(std::min<uint64_t>(kMaxStripes, std::bit_floor(want)));
+  }
+  const uint32_t bits = static_cast<uint32_t>(std::countr_zero(num_stripes_));
+  stripe_shift_ = bits == 0 ? 64 : 64 - bits;
+  stripes_ = std::make_unique<Stripe[]>(num_stripes_);
+  for (uint32_t i = 0; i < num_stripes_; ++i) {
+    if (config.capacity == 0) {
+      stripes_[i].capacity = kMaxRowsPerStripe;
+    } else {
+      uint64_t share = config.capacity / num_stripes_ + (i < config.capacity % num_stripes_ ? 1 : 0);
+      stripes_[i].capacity = static_cast<uint32_t>(std::min<uint64_t>(share, kMaxRowsPerStripe));
+    }
+    stripes_[i].rng ^= Mix64(i + 1);
+  }
+  memory_bytes_ = sizeof(Stripe) * num_stripes_;
+}
+
+CpuStore::~CpuStore() = default;
+
+uint8_t* CpuStore::Record(const Stripe& s, uint32_t row) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const size_t mask = (size_t{1} << chunk_shift_) - 1;
+  return s.chunks[row >> chunk_shift_].get() + (row & mask) * stride_;
+}
+
+uint32_t CpuStore::FindRow(const Stripe& s, uint64_t key, uint64_t hash) const
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!s.index) return kNoRow;
+  const uint32_t tag = TagOf(hash);
+  for (size_t i = hash & s.index_mask;; i = (i + 1) & s.index_mask) {
+    const uint32_t e = s.index[i];
+    if (e == 0) return kNoRow;
+    if ((e & 0xffu) == tag && RecordKey(Record(s, EntryRow(e))) == key) return EntryRow(e);
+  }
+}
+
+uint32_t CpuStore::FirstCandidate(const Stripe& s, uint64_t hash) const
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const uint32_t tag = TagOf(hash);
+  for (size_t i = hash & s.index_mask;; i = (i + 1) & s.index_mask) {
+    const uint32_t e = s.index[i];
+    if (e == 0) return kNoRow;
+    if ((e & 0xffu) == tag) return EntryRow(e);
+  }
+}
+
+uint32_t CpuStore::SlotOfRow(const Stripe& s, uint64_t hash, uint32_t row) const
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  for (size_t i = hash & s.index_mask;; i = (i + 1) & s.index_mask) {
+    if (s.index[i] != 0 && EntryRow(s.index[i]) == row) return static_cast<uint32_t>(i);
+  }
+}
+
+void CpuStore::PlaceEntry(Stripe& s, uint64_t hash, uint32_t row) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  size_t i = hash & s.index_mask;
+  while (s.index[i] != 0) i = (i + 1) & s.index_mask;
+  s.index[i] = Entry(row, hash);
+}
+
+void CpuStore::GrowIndex(Stripe& s, size_t new_size) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const size_t old_size = s.index ? s.index_mask + 1 : 0;
+  s.index = std::make_unique<uint32_t[]>(new_size);  // zeroed: all empty
+  s.index_mask = new_size - 1;
+  for (uint32_t r = 0; r < s.size; ++r) PlaceEntry(s, StoreHash(RecordKey(Record(s, r))), r);
+  memory_bytes_.fetch_add((new_size - old_size) * sizeof(uint32_t), std::memory_order_relaxed);
+}
+
+// Linear-probing deletion by backward shift: later entries of the cluster
+// whose home slot is not cyclically in (slot, j] move back, so no tombstones.
+void CpuStore::DeleteSlot(Stripe& s, size_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const size_t mask = s.index_mask;
+  for (size_t j = (slot + 1) & mask;; j = (j + 1) & mask) {
+    const uint32_t e = s.index[j];
+    if (e == 0) break;
+    const size_t home = StoreHash(RecordKey(Record(s, EntryRow(e)))) & mask;
+    const bool stays = slot <= j ? (slot < home && home <= j) : (slot < home || home <= j);
+    if (!stays) {
+      s.index[slot] = e;
+      slot = j;
+    }
+  }
+  s.index[slot] = 0;
+}
+
+void CpuStore::RemoveRow(Stripe& s, uint32_t row) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  uint8_t* record = Record(s, row);
+  DeleteSlot(s, SlotOfRow(s, StoreHash(RecordKey(record)), row));
+  const uint32_t last = s.size - 1;
+  if (row != last) {
+    // Keep records dense: move the last record into the hole.
+    const uint8_t* last_record = Record(s, last);
+    const uint64_t last_hash = StoreHash(RecordKey(last_record));
+    s.index[SlotOfRow(s, last_hash, last)] = Entry(row, last_hash);
+    memcpy(record, last_record, stride_);
+  }
+  s.size = last;
+  rows_.fetch_sub(1, std::memory_order_relaxed);
+  // Free the last chunk once a whole spare chunk follows the used ones.
+  const size_t rows_per_chunk = size_t{1} << chunk_shift_;
+  if (s.chunks.size() >= 2 && s.size + 2 * rows_per_chunk <= s.chunks.size() * rows_per_chunk) {
+    s.chunks.pop_back();
+    memory_bytes_.fetch_sub(rows_per_chunk * stride_, std::memory_order_relaxed);
+  }
+}
+
+void CpuStore::EvictOne(Stripe& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const uint32_t n = s.size;
+  uint32_t start = 0;
+  uint32_t count = n;
+  if (n > kEvictionSample) {
+    s.rng ^= s.rng << 13;
+    s.rng ^= s.rng >> 7;
+    s.rng ^= s.rng << 17;
+    start = static_cast<uint32_t>(s.rng % n);
+    count = kEvictionSample;
+  }
+  uint32_t victim = start;
+  uint32_t best = 0xffffffffu;
+  for (uint32_t k = 0; k < count; ++k) {
+    const uint32_t r = (start + k) % n;
+    const uint32_t score = std::atomic_ref<uint32_t>(*ScoreOf(Record(s, r))).load(std::memory_order_relaxed);
+    if (score < best) {
+      best = score;
+      victim = r;
+    }
+  }
+  RemoveRow(s, victim);
+  evictions_.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (s.size >= s.capacity) {
+    if (config().eviction == EvictionPolicy::kNone || config().capacity == 0 || s.size == 0) {
+      insert_failures_.fetch_add(1, std::memory_order_relaxed);
+      return kNoRow;
+    }
+    EvictOne(s);
+  }
+  const size_t index_size = s.index ? s.index_mask + 1 : 0;
+  if ((static_cast<size_t>(s.size) + 1) * 4 > index_size * 3) {
+    GrowIndex(s, std::max(kMinIndexSize, index_size * 2));
+  }
+  const uint32_t row = s.size;
+  const size_t rows_per_chunk = size_t{1} << chunk_shift_;
+  if ((row >> chunk_shift_) >= s.chunks.size()) {
+    s.chunks.push_back(std::make_unique_for_overwrite<uint8_t[]>(rows_per_chunk * stride_));
+    memory_bytes_.fetch_add(rows_per_chunk * stride_, std::memory_order_relaxed);
+  }
+  ++s.size;
+  uint8_t* record = Record(s, row);
+  memcpy(record, &key, 8);
+  *ScoreOf(record) = config().eviction == EvictionPolicy::kLfu ? 0 : clock;
+  if (has_step_) *StepOf(record) = 0;
+  init::InitialRow(config().initializer, key, dim_, dtype_, record + value_offset_);
+  float* state = reinterpret_cast<float*>(record + state_offset_);
+  const OptimizerConfig& o = config().optimizer;
+  switch (o.kind) {
+    case OptimizerKind::kSgd: break;
+    case OptimizerKind::kAdagrad: std::fill(state, state + dim_, o.initial_accumulator); break;
+    case OptimizerKind::kAdam: std::fill(state, state + 2 * dim_, 0.0f); break;
+    case OptimizerKind::kFtrl:
+      std::fill(state, state + dim_, 0.0f);                              // z
+      std::fill(state + dim_, state + 2 * dim_, o.initial_accumulator);  // n
+      break;
+  }
+  PlaceEntry(s, hash, row);
+  rows_.fetch_add(1, std::memory_order_relaxed);
+  inserts_.fetch_add(1, std::memory_order_relaxed);
+  return row;
+}
+
+// Scores are written under a shared lock by concurrent readers, hence the
+// relaxed atomics; an LFU increment lost to a race only blurs the count.
+void CpuStore::Touch(uint8_t* record, uint32_t clock) const {
+  std::atomic_ref<uint32_t> score(*ScoreOf(record));
+  if (config().eviction == EvictionPolicy::kLfu) {
+    const uint32_t v = score.load(std::memory_order_relaxed);
+    if (v != 0xffffffffu) score.store(v + 1, std::memory_order_relaxed);
+  } else {
+    score.store(clock, std::memory_order_relaxed);
+  }
+}
+
+void CpuStore::CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const {
+  if (out_dtype == dtype_) {
+    memcpy(out, record + value_offset_, value_bytes_);
+  } else {
+    ConvertElements(record + value_offset_, dtype_, out, out_dtype, dim_);
+  }
+}
+
+void CpuStore::InitialRowOut(uint64_t key, DType out_dtype, uint8_t* out) const {
+  const uint64_t base = init::KeyBase(config().initializer.seed, key);
+  for (uint32_t j = 0; j < dim_; ++j) {
+    StoreElement(out, out_dtype, j, RoundTo(dtype_, init::Element(config().initializer, base, j)));
+  }
+}
+
+void CpuStore::GroupByStripe(absl::Span<const uint64_t> keys, Batch* batch) const {
+  Scratch& sc = LocalScratch();
+  const size_t n = keys.size();
+  sc.hashes.resize(n);
+  sc.order.resize(n);
+  sc.offsets.assign(num_stripes_ + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = StoreHash(keys[i]);
+    sc.hashes[i] = h;
+    ++sc.offsets[StripeOf(h) + 1];
+  }
+  for (uint32_t s = 0; s < num_stripes_; ++s) sc.offsets[s + 1] += sc.offsets[s];
+  if (num_stripes_ == 1) {
+    for (size_t i = 0; i < n; ++i) sc.order[i] = static_cast<uint32_t>(i);
+  } else {
+    sc.pending.assign(sc.offsets.begin(), sc.offsets.end() - 1);  // fill cursors
+    for (size_t i = 0; i < n; ++i) sc.order[sc.pending[StripeOf(sc.hashes[i])]++] = static_cast<uint32_t>(i);
+  }
+  batch->hashes = sc.hashes.data();
+  batch->order = sc.order.data();
+  batch->offsets = sc.offsets.data();
+}
+
+absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
+                                              uint8_t* out, uint8_t* found, bool insert) {
+  Batch b;
+  GroupByStripe(keys, &b);
+  Scratch& sc = LocalScratch();
+  sc.candidates.resize(keys.size());
+  sc.pending.clear();
+  const size_t out_row = dim_ * DTypeSize(out_dtype);
+  const uint32_t clock = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  FindResult result;
+
+  for (uint32_t si = 0; si < num_stripes_; ++si) {
+    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+    if (begin == end) continue;
+    Stripe& s = stripes_[si];
+    absl::ReaderMutexLock lock(&s.mu);
+    uint32_t* cand = sc.candidates.data();
+    if (s.size == 0) {
+      for (uint32_t k = begin; k < end; ++k) cand[k] = kNoRow;
+    } else {
+      // Pass 1: index probe with the index line of a later key in flight;
+      // prefetch the candidate record.
+      for (uint32_t k = begin; k < end; ++k) {
+        if (k + kPrefetchDistance < end) {
+          Prefetch(&s.index[b.hashes[b.order[k + kPrefetchDistance]] & s.index_mask]);
+        }
+        const uint32_t r = FirstCandidate(s, b.hashes[b.order[k]]);
+        cand[k] = r;
+        if (r != kNoRow) {
+          const uint8_t* rec = Record(s, r);
+          Prefetch(rec);
+          Prefetch(rec + value_offset_ + value_bytes_ - 1);
+        }
+      }
+    }
+    // Pass 2: confirm the key (records are in cache by now) and copy.
+    for (uint32_t k = begin; k < end; ++k) {
+      const uint32_t pos = b.order[k];
+      const uint64_t key = keys[pos];
+      uint32_t r = cand[k];
+      if (r != kNoRow && RecordKey(Record(s, r)) != key) r = FindRow(s, key, b.hashes[pos]);
+      if (r != kNoRow) {
+        uint8_t* rec = Record(s, r);
+        CopyOut(rec, out_dtype, out + pos * out_row);
+        Touch(rec, clock);
+        if (found) found[pos] = 1;
+      } else if (insert) {
+        sc.pending.push_back(pos);
+      } else {
+        InitialRowOut(key, out_dtype, out + pos * out_row);
+        if (found) found[pos] = 0;
+        ++result.missing;
+      }
+    }
+  }
+
+  // Inserts, under the writer lock of each stripe that has missing keys.
+  size_t failed = 0;
+  for (size_t k = 0; k < sc.pending.size();) {
+    const uint32_t si = StripeOf(b.hashes[sc.pending[k]]);
+    Stripe& s = stripes_[si];
+    absl::MutexLock lock(&s.mu);
+    for (; k < sc.pending.size() && StripeOf(b.hashes[sc.pending[k]]) == si; ++k) {
+      const uint32_t pos = sc.pending[k];
+      const uint64_t key = keys[pos];
+      uint32_t r = FindRow(s, key, b.hashes[pos]);  // a duplicate or a racing insert
+      if (r == kNoRow) {
+        r = InsertRow(s, key, b.hashes[pos], clock);
+        if (r == kNoRow) {
+          InitialRowOut(key, out_dtype, out + pos * out_row);
+          ++failed;
+          continue;
+        }
+        ++result.missing;
+      }
+      uint8_t* rec = Record(s, r);
+      CopyOut(rec, out_dtype, out + pos * out_row);
+      Touch(rec, clock);
+    }
+  }
+  if (failed > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", config().name, "' is full: ", failed, " new keys not inserted (capacity ",
+        config().capacity, " rows on this shard, eviction ",
+        EvictionPolicyName(config().eviction), ")"));
+  }
+  return result;
+}
+
+void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad) const {
+  const OptimizerConfig& o = config().optimizer;
+  void* value = record + value_offset_;
+  float* state = reinterpret_cast<float*>(record + state_offset_);
+  float step_size = 0.0f;
+  if (o.kind == OptimizerKind::kAdam) {
+    uint32_t* step = StepOf(record);
+    if (*step != 0xffffffffu) ++*step;
+    step_size = opt::AdamStepSize(o, *step);
+  }
+  for (uint32_t j = 0; j < dim_; ++j) {
+    float w = LoadElement(value, dtype_, j);
+    switch (o.kind) {
+      case OptimizerKind::kSgd: opt::Sgd(o, grad[j], w); break;
+      case OptimizerKind::kAdagrad: opt::Adagrad(o, grad[j], w, state[j]); break;
+      case OptimizerKind::kAdam:
+        opt::Adam(o, step_size, grad[j], w, state[j], state[dim_ + j]);
+        break;
+      case OptimizerKind::kFtrl: opt::Ftrl(o, grad[j], w, state[j], state[dim_ + j]); break;
+    }
+    StoreElement(value, dtype_, j, w);
+  }
+}
+
+absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_t> keys,
+                                                        DType grad_dtype, const uint8_t* grads) {
+  Batch b;
+  GroupByStripe(keys, &b);
+  Scratch& sc = LocalScratch();
+  sc.grad.resize(dim_);
+  float* g = sc.grad.data();
+  const size_t grad_row = dim_ * DTypeSize(grad_dtype);
+  const uint32_t clock = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  PushResult result;
+  size_t failed = 0;
+
+  for (uint32_t si = 0; si < num_stripes_; ++si) {
+    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+    if (begin == end) continue;
+    // Sort the stripe's keys, keeping request order among duplicates, so
+    // that duplicates are summed in a fixed order.
+    sc.sorted.clear();
+    for (uint32_t k = begin; k < end; ++k) sc.sorted.emplace_back(keys[b.order[k]], b.order[k]);
+    std::sort(sc.sorted.begin(), sc.sorted.end());
+    Stripe& s = stripes_[si];
+    absl::MutexLock lock(&s.mu);
+    for (size_t k = 0; k < sc.sorted.size();) {
+      const uint64_t key = sc.sorted[k].first;
+      const uint32_t first = sc.sorted[k].second;
+      if (k + kPrefetchDistance < sc.sorted.size() && s.index) {
+        Prefetch(&s.index[b.hashes[sc.sorted[k + kPrefetchDistance].second] & s.index_mask]);
+      }
+      ConvertElements(grads + first * grad_row, grad_dtype, g, DType::kFp32, dim_);
+      for (++k; k < sc.sorted.size() && sc.sorted[k].first == key; ++k) {
+        const uint8_t* more = grads + sc.sorted[k].second * grad_row;
+        for (uint32_t j = 0; j < dim_; ++j) g[j] += LoadElement(more, grad_dtype, j);
+      }
+      uint32_t r = FindRow(s, key, b.hashes[first]);
+      if (r == kNoRow) {
+        r = InsertRow(s, key, b.hashes[first], clock);
+        if (r == kNoRow) {
+          ++failed;
+          continue;
+        }
+        ++result.inserted;
+      }
+      uint8_t* rec = Record(s, r);
+      ApplyOptimizer(rec, g);
+      Touch(rec, clock);
+      ++result.updated;
+    }
+  }
+  if (failed > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", config().name, "' is full: gradients of ", failed,
+        " new keys dropped (capacity ", config().capacity, " rows on this shard, eviction ",
+        EvictionPolicyName(config().eviction), ")"));
+  }
+  return result;
+}
+
+size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
+  Batch b;
+  GroupByStripe(keys, &b);
+  size_t erased = 0;
+  for (uint32_t si = 0; si < num_stripes_; ++si) {
+    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+    if (begin == end) continue;
+    Stripe& s = stripes_[si];
+    absl::MutexLock lock(&s.mu);
+    for (uint32_t k = begin; k < end; ++k) {
+      const uint32_t pos = b.order[k];
+      const uint32_t r = FindRow(s, keys[pos], b.hashes[pos]);
+      if (r == kNoRow) continue;
+      RemoveRow(s, r);
+      ++erased;
+    }
+  }
+  return erased;
+}
+
+void CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) {
+  uint32_t si = static_cast<uint32_t>(cursor->position >> 32);
+  uint32_t row = static_cast<uint32_t>(cursor->position);
+  while (si < num_stripes_ && out->keys.size() < max_rows) {
+    Stripe& s = stripes_[si];
+    absl::ReaderMutexLock lock(&s.mu);
+    for (; row < s.size && out->keys.size() < max_rows; ++row) {
+      uint8_t* rec = Record(s, row);
+      out->keys.push_back(RecordKey(rec));
+      const size_t v = out->values.size();
+      out->values.resize(v + dim_);
+      ConvertElements(rec + value_offset_, dtype_, out->values.data() + v, DType::kFp32, dim_);
+      const float* state = reinterpret_cast<const float*>(rec + state_offset_);
+      out->state.insert(out->state.end(), state, state + state_floats_);
+      out->steps.push_back(has_step_ ? *StepOf(rec) : 0);
+      out->scores.push_back(std::atomic_ref<uint32_t>(*ScoreOf(rec)).load(std::memory_order_relaxed));
+    }
+    if (row >= s.size) {
+      ++si;
+      row = 0;
+    }
+  }
+  cursor->position = (static_cast<uint64_t>(si) << 32) | row;
+  cursor->done = si >= num_stripes_;
+}
+
+absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
+  Batch b;
+  GroupByStripe(rows.keys, &b);
+  const uint32_t clock = clock_.load(std::memory_order_relaxed);
+  size_t failed = 0;
+  for (uint32_t si = 0; si < num_stripes_; ++si) {
+    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+    if (begin == end) continue;
+    Stripe& s = stripes_[si];
+    absl::MutexLock lock(&s.mu);
+    for (uint32_t k = begin; k < end; ++k) {
+      const uint32_t pos = b.order[k];
+      const uint64_t key = rows.keys[pos];
+      uint32_t r = FindRow(s, key, b.hashes[pos]);
+      if (r == kNoRow) r = InsertRow(s, key, b.hashes[pos], clock);
+      if (r == kNoRow) {
+        ++failed;
+        continue;
+      }
+      uint8_t* rec = Record(s, r);
+      ConvertElements(rows.values.data() + pos * dim_, DType::kFp32, rec + value_offset_, dtype_,
+                      dim_);
+      std::copy_n(rows.state.data() + pos * state_floats_, state_floats_,
+                  reinterpret_cast<float*>(rec + state_offset_));
+      if (has_step_) *StepOf(rec) = rows.steps[pos];
+      *ScoreOf(rec) = rows.scores[pos];
+    }
+  }
+  if (failed > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("table '", config().name, "' is full: ",
+                                                     failed, " imported rows not inserted"));
+  }
+  return absl::OkStatus();
+}
+
+StoreStats CpuStore::Stats() const {
+  StoreStats st;
+  st.rows = rows_.load(std::memory_order_relaxed);
+  st.capacity = config().capacity;
+  st.memory_bytes = memory_bytes_.load(std::memory_order_relaxed);
+  st.inserts = inserts_.load(std::memory_order_relaxed);
+  st.evictions = evictions_.load(std::memory_order_relaxed);
+  st.insert_failures = insert_failures_.load(std::memory_order_relaxed);
+  return st;
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> NewCpuStore(const TableConfig& config) {
+  auto store = CpuStore::Create(config);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<EmbeddingStore>(std::move(*store));
+}
+
+}  // namespace ember

@@ -1,0 +1,149 @@
+// EmbeddingStore: the contract every storage engine of Ember implements (the
+// CPU store in kernels/cpu, the CUDA store in kernels/cuda).
+//
+// A store holds one table's rows on one shard: uint64 keys (every value is a
+// valid key, 0 and 2^64-1 included) mapped to rows of `dim` elements in the
+// table's storage dtype, plus fp32 optimizer state per row.
+//
+// Memory: every pointer and span passed to these methods is host memory owned
+// by the caller and only read or written during the call. A device store
+// stages host buffers itself.
+//
+// Shapes: n = keys.size(); row buffers are (n, dim) row-major, packed, of the
+// dtype given with them, so their byte size must be n * dim * DTypeSize(dtype).
+//
+// Thread safety: every method may be called concurrently with any other.
+// Lookups run in parallel with each other; pushes to rows in different lock
+// stripes run in parallel. A row is never read while half-written.
+//
+// Errors: the public methods validate their arguments once (here) and return
+// INVALID_ARGUMENT naming the table, the field and expected vs. received,
+// before touching any row; the protected *Impl methods then do the work.
+// RESOURCE_EXHAUSTED means some new keys could not be inserted because the
+// table is full and has no eviction policy: the other keys of the call were
+// served, and the failures are counted in StoreStats::insert_failures.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "kernels/table_config.h"
+
+namespace ember {
+
+struct StoreStats {
+  uint64_t rows = 0;             // rows stored now
+  uint64_t capacity = 0;         // most rows (0: limited by memory only)
+  uint64_t memory_bytes = 0;     // bytes held for rows, state, index
+  uint64_t inserts = 0;          // rows inserted since creation
+  uint64_t evictions = 0;        // rows evicted to make room since creation
+  uint64_t insert_failures = 0;  // new keys refused because the table was full
+};
+
+struct FindResult {
+  // Key occurrences that were not stored when looked up. Find answers them
+  // with their initial row; FindOrInsert inserts them (a key repeated in one
+  // call counts once: later occurrences find the inserted row).
+  size_t missing = 0;
+};
+
+struct PushResult {
+  size_t updated = 0;   // distinct keys that received an optimizer step
+  size_t inserted = 0;  // of those, keys inserted by this call
+};
+
+// One batch of exported rows, fp32 whatever the storage dtype.
+struct ExportedRows {
+  std::vector<uint64_t> keys;    // (n)
+  std::vector<float> values;     // (n, dim)
+  std::vector<float> state;      // (n, dim * OptimizerStateFloatsPerElement)
+  std::vector<uint32_t> steps;   // (n) optimizer step counts (0 unless Adam)
+  std::vector<uint32_t> scores;  // (n) eviction scores (LRU clock or LFU count)
+  void Clear();
+};
+
+// Position of an export scan. Start from a default-constructed cursor and
+// call Export until `done`. Rows inserted or evicted during a scan may be
+// missed or seen twice; snapshots need writers paused.
+struct ExportCursor {
+  uint64_t position = 0;
+  bool done = false;
+};
+
+class EmbeddingStore {
+ public:
+  virtual ~EmbeddingStore() = default;
+  EmbeddingStore(const EmbeddingStore&) = delete;
+  EmbeddingStore& operator=(const EmbeddingStore&) = delete;
+
+  const TableConfig& config() const { return config_; }
+
+  // Copies the rows of `keys` into `out` ((n, dim) of `out_dtype`), in key
+  // order. A missing key is answered with its initial row (rounded to the
+  // storage dtype, exactly what an insert would store) and is not stored.
+  // `found`, if given, receives n flags (1 = stored). Counts as an access
+  // for LRU/LFU.
+  absl::StatusOr<FindResult> Find(absl::Span<const uint64_t> keys, DType out_dtype,
+                                  absl::Span<uint8_t> out, uint8_t* found = nullptr);
+
+  // As Find, but missing keys are inserted with their initial row first
+  // (evicting by the table's policy when full).
+  absl::StatusOr<FindResult> FindOrInsert(absl::Span<const uint64_t> keys, DType out_dtype,
+                                          absl::Span<uint8_t> out);
+
+  // Applies `grads` ((n, dim) of `grad_dtype`, every element finite) with the
+  // table's optimizer. Gradients of duplicate keys are summed in key order
+  // first, then each distinct key gets one optimizer step. Missing keys are
+  // inserted with their initial row first.
+  absl::StatusOr<PushResult> ApplyGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
+                                            absl::Span<const uint8_t> grads);
+
+  // Removes the keys; returns how many were stored. Missing keys are ignored.
+  absl::StatusOr<size_t> Erase(absl::Span<const uint64_t> keys);
+
+  // Appends up to `max_rows` rows to `out` (after clearing it) and advances
+  // the cursor.
+  absl::Status Export(ExportCursor* cursor, size_t max_rows, ExportedRows* out);
+
+  // Inserts or overwrites the given rows, state, steps and scores. Shapes as
+  // in ExportedRows; values are rounded to the storage dtype.
+  absl::Status Import(const ExportedRows& rows);
+
+  virtual StoreStats Stats() const = 0;
+
+  // Checks the shapes and values of a push without applying it; the same
+  // checks ApplyGradients makes. Lets a caller validate a multi-table request
+  // before changing any table.
+  absl::Status ValidateGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
+                                 absl::Span<const uint8_t> grads) const;
+
+ protected:
+  explicit EmbeddingStore(TableConfig config) : config_(std::move(config)) {}
+
+  // Arguments are validated; see the public twins for the contracts.
+  virtual absl::StatusOr<FindResult> FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
+                                              uint8_t* out, uint8_t* found, bool insert) = 0;
+  virtual absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
+                                                        DType grad_dtype,
+                                                        const uint8_t* grads) = 0;
+  virtual size_t EraseImpl(absl::Span<const uint64_t> keys) = 0;
+  virtual void ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) = 0;
+  virtual absl::Status ImportImpl(const ExportedRows& rows) = 0;
+
+ private:
+  absl::Status ValidateRowBuffer(absl::string_view field, size_t n, DType dtype,
+                                 size_t bytes) const;
+
+  const TableConfig config_;
+};
+
+// Creates the host-memory store for `config` (validated here).
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> NewCpuStore(const TableConfig& config);
+
+}  // namespace ember

@@ -1,0 +1,125 @@
+#include "kernels/table_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember {
+namespace {
+
+absl::Status Invalid(const TableConfig& c, absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("table '", c.name, "' field '", field, "': ", what));
+}
+
+bool Finite(float v) { return std::isfinite(v); }
+
+}  // namespace
+
+absl::Status ValidateTableConfig(const TableConfig& c) {
+  if (c.name.empty() || c.name.size() > 128) {
+    return Invalid(c, "name", absl::StrCat("expected 1-128 characters, received ", c.name.size()));
+  }
+  for (char ch : c.name) {
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '.' || ch == '-';
+    if (!ok) return Invalid(c, "name", "expected only [A-Za-z0-9_.-]");
+  }
+  if (c.dim == 0 || c.dim > TableConfig::kMaxDim) {
+    return Invalid(c, "dim",
+                   absl::StrCat("expected 1..", TableConfig::kMaxDim, ", received ", c.dim));
+  }
+  const InitializerConfig& in = c.initializer;
+  switch (in.kind) {
+    case InitializerKind::kZeros: break;
+    case InitializerKind::kConstant:
+      if (!Finite(in.value)) return Invalid(c, "initializer.constant.value", "expected finite");
+      break;
+    case InitializerKind::kUniform:
+      if (!Finite(in.min) || !Finite(in.max) || !(in.min < in.max)) {
+        return Invalid(c, "initializer.uniform",
+                       absl::StrCat("expected finite min < max, received min ", in.min, " max ",
+                                    in.max));
+      }
+      break;
+    case InitializerKind::kNormal:
+    case InitializerKind::kTruncatedNormal:
+      if (!Finite(in.mean) || !Finite(in.stddev) || !(in.stddev > 0)) {
+        return Invalid(c, "initializer.stddev",
+                       absl::StrCat("expected finite mean and stddev > 0, received mean ",
+                                    in.mean, " stddev ", in.stddev));
+      }
+      break;
+  }
+  const OptimizerConfig& o = c.optimizer;
+  if (!Finite(o.learning_rate) || !(o.learning_rate > 0)) {
+    return Invalid(c, "optimizer.learning_rate",
+                   absl::StrCat("expected > 0, received ", o.learning_rate));
+  }
+  if (!Finite(o.initial_accumulator) || o.initial_accumulator < 0) {
+    return Invalid(c, "optimizer.initial_accumulator",
+                   absl::StrCat("expected >= 0, received ", o.initial_accumulator));
+  }
+  if (!Finite(o.epsilon) || !(o.epsilon > 0)) {
+    return Invalid(c, "optimizer.epsilon", absl::StrCat("expected > 0, received ", o.epsilon));
+  }
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) {
+    return Invalid(c, "optimizer.adam.beta",
+                   absl::StrCat("expected beta1, beta2 in [0, 1), received ", o.beta1, ", ",
+                                o.beta2));
+  }
+  if (!Finite(o.ftrl_beta) || o.ftrl_beta < 0 || !Finite(o.l1) || o.l1 < 0 || !Finite(o.l2) ||
+      o.l2 < 0) {
+    return Invalid(c, "optimizer.ftrl", "expected finite beta, l1, l2 >= 0");
+  }
+  if (o.kind == OptimizerKind::kFtrl && o.ftrl_beta == 0 && o.initial_accumulator == 0 &&
+      o.l2 == 0) {
+    return Invalid(c, "optimizer.ftrl",
+                   "beta, initial_accumulator and l2 all 0 divide by zero on the first push");
+  }
+  return absl::OkStatus();
+}
+
+size_t OptimizerStateFloatsPerElement(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return 0;
+    case OptimizerKind::kAdagrad: return 1;
+    case OptimizerKind::kAdam: return 2;
+    case OptimizerKind::kFtrl: return 2;
+  }
+  return 0;
+}
+
+bool OptimizerHasStepCount(OptimizerKind kind) { return kind == OptimizerKind::kAdam; }
+
+absl::string_view OptimizerName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdagrad: return "adagrad";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kFtrl: return "ftrl";
+  }
+  return "unknown";
+}
+
+absl::string_view InitializerName(InitializerKind kind) {
+  switch (kind) {
+    case InitializerKind::kZeros: return "zeros";
+    case InitializerKind::kConstant: return "constant";
+    case InitializerKind::kUniform: return "uniform";
+    case InitializerKind::kNormal: return "normal";
+    case InitializerKind::kTruncatedNormal: return "truncated_normal";
+  }
+  return "unknown";
+}
+
+absl::string_view EvictionPolicyName(EvictionPolicy policy) {
+  switch (policy) {
+    case EvictionPolicy::kNone: return "none";
+    case EvictionPolicy::kLru: return "lru";
+    case EvictionPolicy::kLfu: return "lfu";
+  }
+  return "unknown";
+}
+
+}  // namespace ember

@@ -1,0 +1,79 @@
+// The definition of one embedding table, as the stores see it (no protobuf).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace ember {
+
+enum class InitializerKind : uint8_t { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal };
+
+struct InitializerConfig {
+  InitializerKind kind = InitializerKind::kZeros;
+  // kConstant: the value.
+  float value = 0.0f;
+  // kUniform: [min, max).
+  float min = 0.0f;
+  float max = 0.0f;
+  // kNormal, kTruncatedNormal.
+  float mean = 0.0f;
+  float stddev = 0.0f;
+  // Initial rows are a pure function of (seed, key, element).
+  uint64_t seed = 0;
+};
+
+enum class OptimizerKind : uint8_t { kSgd, kAdagrad, kAdam, kFtrl };
+
+// Hyper-parameters; fields an optimizer does not use are ignored. Defaults are
+// resolved (no zero-means-default here: the proto conversion does that).
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float learning_rate = 0.01f;
+  // Adagrad: starting accumulator. FTRL: starting n.
+  float initial_accumulator = 0.1f;
+  // Adagrad and Adam.
+  float epsilon = 1e-7f;
+  // Adam.
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  // FTRL.
+  float ftrl_beta = 1.0f;
+  float l1 = 0.0f;
+  float l2 = 0.0f;
+};
+
+enum class EvictionPolicy : uint8_t { kNone, kLru, kLfu };
+
+struct TableConfig {
+  std::string name;
+  // Elements per row, 1..kMaxDim.
+  uint32_t dim = 0;
+  // Storage type of the rows; optimizer state is always fp32.
+  DType dtype = DType::kFp32;
+  InitializerConfig initializer;
+  OptimizerConfig optimizer;
+  // Most rows on this shard; 0 = limited by memory (and kMaxRowsPerStore).
+  uint64_t capacity = 0;
+  EvictionPolicy eviction = EvictionPolicy::kNone;
+
+  static constexpr uint32_t kMaxDim = 65536;
+};
+
+// OK, or INVALID_ARGUMENT naming the table and the first offending field.
+absl::Status ValidateTableConfig(const TableConfig& config);
+
+// fp32 optimizer-state values per row element (Adagrad 1, Adam 2, FTRL 2).
+size_t OptimizerStateFloatsPerElement(OptimizerKind kind);
+
+// True if the optimizer keeps a per-row step count (Adam's bias correction).
+bool OptimizerHasStepCount(OptimizerKind kind);
+
+absl::string_view OptimizerName(OptimizerKind kind);
+absl::string_view InitializerName(InitializerKind kind);
+absl::string_view EvictionPolicyName(EvictionPolicy policy);
+
+}  // namespace ember

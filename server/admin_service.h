@@ -1,0 +1,27 @@
+// ember.v1.AdminService over a Shard.
+#pragma once
+
+#include "ember/v1/admin_service.grpc.pb.h"
+#include "server/shard.h"
+
+namespace ember {
+
+class AdminServiceImpl final : public v1::AdminService::Service {
+ public:
+  // `shard` must outlive the service.
+  explicit AdminServiceImpl(Shard* shard) : shard_(shard) {}
+
+  grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
+                           v1::CreateTableResponse* response) override;
+  grpc::Status ListTables(grpc::ServerContext* context, const v1::ListTablesRequest* request,
+                          v1::ListTablesResponse* response) override;
+  grpc::Status DropTable(grpc::ServerContext* context, const v1::DropTableRequest* request,
+                         v1::DropTableResponse* response) override;
+  grpc::Status GetShardInfo(grpc::ServerContext* context, const v1::GetShardInfoRequest* request,
+                            v1::GetShardInfoResponse* response) override;
+
+ private:
+  Shard* shard_;
+};
+
+}  // namespace ember

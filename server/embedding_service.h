@@ -1,0 +1,23 @@
+// ember.v1.EmbeddingService over a Shard: deadline check, call, status conversion.
+#pragma once
+
+#include "ember/v1/embedding_service.grpc.pb.h"
+#include "server/shard.h"
+
+namespace ember {
+
+class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
+ public:
+  // `shard` must outlive the service.
+  explicit EmbeddingServiceImpl(Shard* shard) : shard_(shard) {}
+
+  grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                      v1::LookupResponse* response) override;
+  grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
+                    v1::PushResponse* response) override;
+
+ private:
+  Shard* shard_;
+};
+
+}  // namespace ember

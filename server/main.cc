@@ -1,0 +1,65 @@
+// ember-server: flags -> ServerOptions, start, wait for SIGTERM/SIGINT.
+#include <csignal>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on (0.0.0.0 in containers).");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one and prints it.");
+ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index, 0 <= shard_index < shard_count.");
+ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards in the cluster.");
+ABSL_FLAG(int, worker_threads, 4, "gRPC threads serving requests.");
+ABSL_FLAG(std::string, table_config_file, "",
+          "Optional text-format ember.v1.TableConfigList created at start-up.");
+ABSL_FLAG(uint64_t, max_keys_per_request, uint64_t{8} << 20,
+          "Most keys one Lookup or Push may carry.");
+ABSL_FLAG(uint64_t, max_message_bytes, uint64_t{256} << 20,
+          "Largest request or response message in bytes.");
+ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
+          "On SIGTERM/SIGINT, how long in-flight calls may finish.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Ember embedding shard server");
+  absl::ParseCommandLine(argc, argv);
+
+  ember::ServerOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  options.table_config_file = absl::GetFlag(FLAGS_table_config_file);
+  options.shard.shard_index = absl::GetFlag(FLAGS_shard_index);
+  options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);
+  options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
+  options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+
+  // Block the stop signals in every thread (gRPC's threads inherit the mask)
+  // and take them synchronously below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto server = ember::Server::Start(options);
+  if (!server.ok()) {
+    spdlog::error("ember-server: {}", server.status().ToString());
+    return 2;
+  }
+  spdlog::info("shard {}/{} serving on {}:{}", options.shard.shard_index,
+               options.shard.shard_count, options.address, (*server)->port());
+  // Machine-readable line for scripts and tests that started us with --port=0.
+  std::printf("EMBER_READY port=%d\n", (*server)->port());
+  std::fflush(stdout);
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  spdlog::info("signal {}: shutting down", signal);
+  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
+  (*server)->Wait();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,109 @@
+#include "server/server.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/admin_service.h"
+#include "server/embedding_service.h"
+#include "spdlog/spdlog.h"
+
+namespace ember {
+
+struct Server::Services {
+  explicit Services(Shard* shard) : embedding(shard), admin(shard) {}
+  EmbeddingServiceImpl embedding;
+  AdminServiceImpl admin;
+};
+
+absl::Status ServerOptions::Validate() const {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port: expected 0..65535, received ", port));
+  }
+  if (worker_threads < 1 || worker_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_threads: expected 1..1024, received ", worker_threads));
+  }
+  if (address.empty()) return absl::InvalidArgumentError("address: expected a host, received ''");
+  return shard.Validate();
+}
+
+namespace {
+
+absl::Status CreateConfiguredTables(const std::string& path, Shard* shard) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("table_config_file '", path, "': cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::TableConfigList list;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &list)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table_config_file '", path, "': not a text-format ember.v1.TableConfigList"));
+  }
+  for (const v1::TableConfig& config : list.tables()) {
+    v1::CreateTableResponse response;
+    absl::Status s = shard->CreateTable(config, &response);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("table_config_file '", path, "': ", s.message()));
+    }
+    spdlog::info("created table '{}' dim {} from {}", config.name(), config.dim(), path);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  EMBER_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<Server> server(new Server());
+  server->shard_ = std::make_unique<Shard>(options.shard);
+  if (!options.table_config_file.empty()) {
+    EMBER_RETURN_IF_ERROR(CreateConfiguredTables(options.table_config_file, server->shard_.get()));
+  }
+  server->services_ = std::make_unique<Services>(server->shard_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string target = absl::StrCat(options.address, ":", options.port);
+  builder.AddListeningPort(target, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(&server->services_->embedding);
+  builder.RegisterService(&server->services_->admin);
+  const int max_bytes = static_cast<int>(
+      std::min<uint64_t>(options.shard.max_message_bytes, std::numeric_limits<int>::max()));
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  grpc::ResourceQuota quota("ember-server");
+  quota.SetMaxThreads(options.worker_threads + 2);  // + the pollers' bookkeeping
+  builder.SetResourceQuota(quota);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              options.worker_threads);
+  server->grpc_server_ = builder.BuildAndStart();
+  if (!server->grpc_server_ || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", target));
+  }
+  server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  return server;
+}
+
+Server::~Server() {
+  Shutdown(absl::ZeroDuration());
+  Wait();
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  if (!grpc_server_) return;
+  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+void Server::Wait() {
+  if (grpc_server_) grpc_server_->Wait();
+}
+
+}  // namespace ember

@@ -1,0 +1,60 @@
+// Server: one ember-server process: the Shard, its gRPC services, the health
+// service and reflection.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/shard.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace ember {
+
+struct ServerOptions {
+  // Address to listen on; "0.0.0.0" in containers.
+  std::string address = "127.0.0.1";
+  // TCP port; 0 picks a free one (see Server::port()).
+  int port = 50051;
+  // gRPC worker threads serving requests.
+  int worker_threads = 4;
+  // Optional: protobuf text file with an ember.v1.TableConfigList whose
+  // tables are created at start-up.
+  std::string table_config_file;
+  // Shard identity and request limits.
+  ShardOptions shard;
+
+  absl::Status Validate() const;
+};
+
+class Server {
+ public:
+  // Validates the options, creates the configured tables and starts serving.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+
+  // The bound port (the chosen one when options.port was 0).
+  int port() const { return port_; }
+  Shard& shard() { return *shard_; }
+
+  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
+  // then cancels the rest. Idempotent; thread-safe.
+  void Shutdown(absl::Duration grace);
+  // Blocks until the server has shut down.
+  void Wait();
+
+ private:
+  Server() = default;
+  struct Services;
+
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<Services> services_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+};
+
+}  // namespace ember

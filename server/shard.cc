@@ -1,0 +1,234 @@
+#include "server/shard.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/key_hash.h"
+#include "common/status_macros.h"
+#include "common/wire.h"
+#include "server/table_config_proto.h"
+
+#ifndef EMBER_VERSION
+#define EMBER_VERSION "dev"
+#endif
+
+namespace ember {
+
+absl::Status ShardOptions::Validate() const {
+  if (shard_count == 0) {
+    return absl::InvalidArgumentError("shard_count: expected >= 1, received 0");
+  }
+  if (shard_index >= shard_count) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_index: expected < shard_count ",
+                                                   shard_count, ", received ", shard_index));
+  }
+  if (max_keys_per_request == 0) {
+    return absl::InvalidArgumentError("max_keys_per_request: expected >= 1, received 0");
+  }
+  if (max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes: expected >= 1024, received ", max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+Shard::Shard(ShardOptions options) : options_(options) {}
+
+void Shard::FillTableInfo(const Table& table, v1::TableInfo* info) const {
+  const StoreStats st = table.store->Stats();
+  *info->mutable_config() = table.config;
+  info->set_rows(st.rows);
+  info->set_memory_bytes(st.memory_bytes);
+  info->set_evictions(st.evictions);
+  info->set_insert_failures(st.insert_failures);
+}
+
+absl::Status Shard::CreateTable(const v1::TableConfig& requested,
+                                v1::CreateTableResponse* response) {
+  EMBER_ASSIGN_OR_RETURN(v1::TableConfig normalized, NormalizeTableConfig(requested));
+  EMBER_ASSIGN_OR_RETURN(TableConfig config, TableConfigFromProto(normalized));
+  absl::MutexLock lock(&mu_);
+  if (auto it = tables_.find(normalized.name()); it != tables_.end()) {
+    const std::string diff = TableConfigDifference(it->second->config, normalized);
+    if (!diff.empty()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "table '", normalized.name(), "' exists with a different definition: ", diff));
+    }
+    response->set_created(false);
+    FillTableInfo(*it->second, response->mutable_table());
+    return absl::OkStatus();
+  }
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, NewCpuStore(config));
+  auto table = std::make_shared<Table>(Table{std::move(normalized), std::move(store)});
+  response->set_created(true);
+  FillTableInfo(*table, response->mutable_table());
+  tables_.emplace(table->config.name(), std::move(table));
+  return absl::OkStatus();
+}
+
+absl::Status Shard::DropTable(absl::string_view name) {
+  std::shared_ptr<Table> dropped;  // freed outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", name, "' not found"));
+  }
+  dropped = std::move(it->second);
+  tables_.erase(it);
+  return absl::OkStatus();
+}
+
+void Shard::ListTables(v1::ListTablesResponse* response) const {
+  std::vector<std::shared_ptr<Table>> tables;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, table] : tables_) tables.push_back(table);
+  }
+  std::sort(tables.begin(), tables.end(),
+            [](const auto& a, const auto& b) { return a->config.name() < b->config.name(); });
+  for (const auto& t : tables) FillTableInfo(*t, response->add_tables());
+}
+
+void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
+  r->set_shard_index(options_.shard_index);
+  r->set_shard_count(options_.shard_count);
+  r->set_routing(kRoutingName);
+  r->set_max_keys_per_request(options_.max_keys_per_request);
+  r->set_max_message_bytes(options_.max_message_bytes);
+  r->set_version(EMBER_VERSION);
+  r->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  r->set_device("cpu");
+}
+
+absl::Status Shard::CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const {
+  if (options_.shard_count == 1) return absl::OkStatus();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t owner = ShardOf(keys[i], options_.shard_count);
+    if (owner != options_.shard_index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", table, "' field 'keys': key ", keys[i], " at index ", i,
+          " is misrouted: expected shard ", owner, " of ", options_.shard_count,
+          ", received by shard ", options_.shard_index));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckKeyCount(uint64_t total_keys) const {
+  if (total_keys > options_.max_keys_per_request) {
+    return absl::ResourceExhaustedError(absl::StrCat("request carries ", total_keys,
+                                                     " keys, limit max_keys_per_request is ",
+                                                     options_.max_keys_per_request));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Resolve(absl::string_view field, const std::string& table_name,
+                            const std::string& key_bytes, v1::DType dtype,
+                            std::vector<Resolved>* resolved) {
+  Resolved r;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = tables_.find(table_name);
+    if (it == tables_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("table '", table_name, "' not found (field '", field, ".table')"));
+    }
+    r.table = it->second;
+  }
+  for (const Resolved& other : *resolved) {
+    if (other.table == r.table) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", table_name, "' field '", field, ".table': a table may appear once per request"));
+    }
+  }
+  if (key_bytes.size() % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", table_name, "' field 'keys': expected a multiple of 8 bytes "
+                     "(packed uint64), received ",
+                     key_bytes.size()));
+  }
+  EMBER_ASSIGN_OR_RETURN(r.dtype, DTypeFromProto(dtype, table_name, "dtype"));
+  r.keys = KeysView(key_bytes, &r.key_storage);
+  EMBER_RETURN_IF_ERROR(CheckOwnership(table_name, r.keys));
+  resolved->push_back(std::move(r));
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse* response) {
+  uint64_t total_keys = 0;
+  for (const v1::TableLookup& t : request.tables()) total_keys += t.keys().size() / 8;
+  EMBER_RETURN_IF_ERROR(CheckKeyCount(total_keys));
+
+  // Validate everything before the first row is read or inserted.
+  std::vector<Resolved> resolved;
+  resolved.reserve(request.tables_size());
+  uint64_t response_bytes = 0;
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::TableLookup& t = request.tables(i);
+    EMBER_RETURN_IF_ERROR(
+        Resolve(absl::StrCat("tables[", i, "]"), t.table(), t.keys(), t.dtype(), &resolved));
+    const Resolved& r = resolved.back();
+    response_bytes += r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype);
+  }
+  if (response_bytes > options_.max_message_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("response would be ", response_bytes,
+                     " bytes of rows, limit max_message_bytes is ", options_.max_message_bytes));
+  }
+
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const Resolved& r = resolved[i];
+    EmbeddingStore& store = *r.table->store;
+    v1::TableRows* out = response->add_tables();
+    out->set_table(request.tables(i).table());
+    out->set_dtype(DTypeToProto(r.dtype));
+    out->set_dim(r.table->config.dim());
+    std::string* rows = out->mutable_rows();
+    rows->resize(r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype));
+    absl::Span<uint8_t> buf(reinterpret_cast<uint8_t*>(rows->data()), rows->size());
+    absl::StatusOr<FindResult> found = request.tables(i).read_only()
+                                           ? store.Find(r.keys, r.dtype, buf)
+                                           : store.FindOrInsert(r.keys, r.dtype, buf);
+    if (!found.ok()) return found.status();
+    out->set_missing(found->missing);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* response) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'step': expected >= 0, received ", request.step()));
+  }
+  uint64_t total_keys = 0;
+  for (const v1::TableGradients& t : request.tables()) total_keys += t.keys().size() / 8;
+  EMBER_RETURN_IF_ERROR(CheckKeyCount(total_keys));
+
+  std::vector<Resolved> resolved;
+  resolved.reserve(request.tables_size());
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::TableGradients& t = request.tables(i);
+    EMBER_RETURN_IF_ERROR(
+        Resolve(absl::StrCat("tables[", i, "]"), t.table(), t.keys(), t.dtype(), &resolved));
+    const Resolved& r = resolved.back();
+    EMBER_RETURN_IF_ERROR(r.table->store->ValidateGradients(
+        r.keys, r.dtype,
+        {reinterpret_cast<const uint8_t*>(t.gradients().data()), t.gradients().size()}));
+  }
+
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const Resolved& r = resolved[i];
+    const std::string& grads = request.tables(i).gradients();
+    absl::StatusOr<PushResult> pushed = r.table->store->ApplyGradients(
+        r.keys, r.dtype, {reinterpret_cast<const uint8_t*>(grads.data()), grads.size()});
+    if (!pushed.ok()) return pushed.status();
+    v1::TablePushResult* out = response->add_tables();
+    out->set_table(request.tables(i).table());
+    out->set_updated(pushed->updated);
+    out->set_inserted(pushed->inserted);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember

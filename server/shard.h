@@ -1,0 +1,88 @@
+// Shard: the core of one ember-server process, without any networking.
+//
+// It owns the tables of this shard (one EmbeddingStore each), validates
+// requests completely before changing anything, checks that every key is
+// routed here, and runs lookups and pushes against the stores. The gRPC
+// services are thin wrappers over it, and tests drive it directly.
+//
+// Thread safety: every method may be called concurrently. Dropping a table
+// while requests use it is safe: in-flight requests finish on the old store.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "ember/v1/admin_service.pb.h"
+#include "ember/v1/embedding_service.pb.h"
+#include "kernels/embedding_store.h"
+
+namespace ember {
+
+struct ShardOptions {
+  // This shard's index in [0, shard_count).
+  uint32_t shard_index = 0;
+  // Shards in the cluster; keys are routed by ShardOf(key, shard_count).
+  uint32_t shard_count = 1;
+  // Most keys one Lookup or Push may carry over all its tables.
+  uint64_t max_keys_per_request = uint64_t{8} << 20;
+  // Largest request or response message; a lookup whose answer would be
+  // larger is refused up front.
+  uint64_t max_message_bytes = uint64_t{256} << 20;
+
+  absl::Status Validate() const;
+};
+
+class Shard {
+ public:
+  explicit Shard(ShardOptions options);
+
+  const ShardOptions& options() const { return options_; }
+
+  // Creates a table; see AdminService.CreateTable for the semantics.
+  absl::Status CreateTable(const v1::TableConfig& config, v1::CreateTableResponse* response);
+  // NOT_FOUND if the table does not exist.
+  absl::Status DropTable(absl::string_view name);
+  // Sorted by name.
+  void ListTables(v1::ListTablesResponse* response) const;
+  void GetShardInfo(v1::GetShardInfoResponse* response) const;
+
+  absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response);
+  absl::Status Push(const v1::PushRequest& request, v1::PushResponse* response);
+
+ private:
+  struct Table {
+    v1::TableConfig config;  // normalized
+    std::unique_ptr<EmbeddingStore> store;
+  };
+  // A table entry of a request, resolved and checked.
+  struct Resolved {
+    std::shared_ptr<Table> table;
+    absl::Span<const uint64_t> keys;
+    std::vector<uint64_t> key_storage;  // used when the key bytes were unaligned
+    DType dtype = DType::kFp32;
+  };
+
+  // Resolves the table name and keys of one request entry; checks the key
+  // byte size, duplicates of the table in the request and key ownership.
+  absl::Status Resolve(absl::string_view field, const std::string& table_name,
+                       const std::string& key_bytes, v1::DType dtype,
+                       std::vector<Resolved>* resolved);
+  absl::Status CheckKeyCount(uint64_t total_keys) const;
+  absl::Status CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const;
+  void FillTableInfo(const Table& table, v1::TableInfo* info) const;
+
+  const ShardOptions options_;
+  const absl::Time start_time_ = absl::Now();
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ember
