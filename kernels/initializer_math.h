@@ -16,20 +16,26 @@
 
 namespace ember::init {
 
+// The quantile math runs in double (float Horner loses ~1e-4 to cancellation
+// in Acklam's central region); results are rounded to float once at the end.
 #if defined(__CUDA_ARCH__)
-EMBER_HD float RnAdd(float a, float b) { return __fadd_rn(a, b); }
-EMBER_HD float RnSub(float a, float b) { return __fsub_rn(a, b); }
-EMBER_HD float RnMul(float a, float b) { return __fmul_rn(a, b); }
-EMBER_HD float RnDiv(float a, float b) { return __fdiv_rn(a, b); }
-EMBER_HD float RnSqrt(float a) { return __fsqrt_rn(a); }
+EMBER_HD double RnAdd(double a, double b) { return __dadd_rn(a, b); }
+EMBER_HD double RnSub(double a, double b) { return __dsub_rn(a, b); }
+EMBER_HD double RnMul(double a, double b) { return __dmul_rn(a, b); }
+EMBER_HD double RnDiv(double a, double b) { return __ddiv_rn(a, b); }
+EMBER_HD double RnSqrt(double a) { return __dsqrt_rn(a); }
+EMBER_HD float RnAddF(float a, float b) { return __fadd_rn(a, b); }
+EMBER_HD float RnMulF(float a, float b) { return __fmul_rn(a, b); }
 #else
-// g++ on x86-64 does not contract without -mfma; the build keeps
-// -ffp-contract=off on for this header's users to be sure.
-inline float RnAdd(float a, float b) { return a + b; }
-inline float RnSub(float a, float b) { return a - b; }
-inline float RnMul(float a, float b) { return a * b; }
-inline float RnDiv(float a, float b) { return a / b; }
-inline float RnSqrt(float a) { return std::sqrt(a); }
+// g++ on x86-64 does not contract without -mfma, and ember_kernels builds
+// with -ffp-contract=off to be sure.
+inline double RnAdd(double a, double b) { return a + b; }
+inline double RnSub(double a, double b) { return a - b; }
+inline double RnMul(double a, double b) { return a * b; }
+inline double RnDiv(double a, double b) { return a / b; }
+inline double RnSqrt(double a) { return std::sqrt(a); }
+inline float RnAddF(float a, float b) { return a + b; }
+inline float RnMulF(float a, float b) { return a * b; }
 #endif
 
 // Per-key base word; element words derive from it.
@@ -42,66 +48,65 @@ EMBER_HD uint64_t Word(uint64_t base, uint64_t counter) {
   return Mix64(base + (counter + 1) * 0x9e3779b97f4a7c15ULL);
 }
 
-// Uniform in (0, 1), never 0 or 1: (k + 0.5) / 2^24 for a 24-bit k.
-EMBER_HD float UnitOpen(uint64_t word) {
-  return RnMul(static_cast<float>(word >> 40) + 0.5f, 5.9604644775390625e-8f);
+// Uniform in (0, 1), never 0 or 1: (k + 0.5) / 2^32 for a 32-bit k (exact in double).
+EMBER_HD double UnitOpen(uint64_t word) {
+  return RnMul(static_cast<double>(word >> 32) + 0.5, 2.3283064365386963e-10);
 }
 
 // Natural log for x in (0, 1], through the exponent and an atanh series
-// (|s| <= 0.1716, error well below fp32 resolution).
-EMBER_HD float Log(float x) {
-  uint32_t bits = FloatBits(x);
-  int e = static_cast<int>((bits >> 23) & 0xff) - 127;
-  float m = BitsToFloat((bits & 0x7fffffu) | 0x3f800000u);  // [1, 2)
-  if (m > 1.41421356f) {
-    m = RnMul(m, 0.5f);
+// (|s| <= 0.1716; the truncation error is below 1e-13).
+EMBER_HD double Log(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, 8);
+  int e = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
+  bits = (bits & 0xfffffffffffffULL) | 0x3ff0000000000000ULL;
+  double m;
+  memcpy(&m, &bits, 8);  // [1, 2)
+  if (m > 1.4142135623730951) {
+    m = RnMul(m, 0.5);
     ++e;
   }
-  float s = RnDiv(RnSub(m, 1.0f), RnAdd(m, 1.0f));
-  float s2 = RnMul(s, s);
-  float poly = RnAdd(1.0f / 9.0f, RnMul(s2, 1.0f / 11.0f));
-  poly = RnAdd(1.0f / 7.0f, RnMul(s2, poly));
-  poly = RnAdd(1.0f / 5.0f, RnMul(s2, poly));
-  poly = RnAdd(1.0f / 3.0f, RnMul(s2, poly));
-  poly = RnAdd(1.0f, RnMul(s2, poly));
-  float log_m = RnMul(RnMul(2.0f, s), poly);
-  return RnAdd(RnMul(static_cast<float>(e), 0.693147180559945f), log_m);
+  const double s = RnDiv(RnSub(m, 1.0), RnAdd(m, 1.0));
+  const double s2 = RnMul(s, s);
+  double poly = 1.0 / 17.0;
+  for (int k = 15; k >= 1; k -= 2) poly = RnAdd(1.0 / k, RnMul(s2, poly));
+  return RnAdd(RnMul(static_cast<double>(e), 0.6931471805599453), RnMul(RnMul(2.0, s), poly));
 }
 
 // Standard normal quantile of p in (0, 1) (Acklam's rational approximation).
-EMBER_HD float NormalQuantile(float p) {
-  constexpr float kLow = 0.02425f;
-  if (p < kLow || p > 1.0f - kLow) {
-    float tail = p < kLow ? p : RnSub(1.0f, p);
-    float q = RnSqrt(RnMul(-2.0f, Log(tail)));
-    float num = -7.784894002430293e-03f;
-    num = RnAdd(RnMul(num, q), -3.223964580411365e-01f);
-    num = RnAdd(RnMul(num, q), -2.400758277161838e+00f);
-    num = RnAdd(RnMul(num, q), -2.549732539343734e+00f);
-    num = RnAdd(RnMul(num, q), 4.374664141464968e+00f);
-    num = RnAdd(RnMul(num, q), 2.938163982698783e+00f);
-    float den = 7.784695709041462e-03f;
-    den = RnAdd(RnMul(den, q), 3.224671290700398e-01f);
-    den = RnAdd(RnMul(den, q), 2.445134137142996e+00f);
-    den = RnAdd(RnMul(den, q), 3.754408661907416e+00f);
-    den = RnAdd(RnMul(den, q), 1.0f);
-    float x = RnDiv(num, den);
+EMBER_HD double NormalQuantile(double p) {
+  constexpr double kLow = 0.02425;
+  if (p < kLow || p > 1.0 - kLow) {
+    double tail = p < kLow ? p : RnSub(1.0, p);
+    double q = RnSqrt(RnMul(-2.0, Log(tail)));
+    double num = -7.784894002430293e-03;
+    num = RnAdd(RnMul(num, q), -3.223964580411365e-01);
+    num = RnAdd(RnMul(num, q), -2.400758277161838e+00);
+    num = RnAdd(RnMul(num, q), -2.549732539343734e+00);
+    num = RnAdd(RnMul(num, q), 4.374664141464968e+00);
+    num = RnAdd(RnMul(num, q), 2.938163982698783e+00);
+    double den = 7.784695709041462e-03;
+    den = RnAdd(RnMul(den, q), 3.224671290700398e-01);
+    den = RnAdd(RnMul(den, q), 2.445134137142996e+00);
+    den = RnAdd(RnMul(den, q), 3.754408661907416e+00);
+    den = RnAdd(RnMul(den, q), 1.0);
+    double x = RnDiv(num, den);
     return p < kLow ? x : -x;
   }
-  float q = RnSub(p, 0.5f);
-  float r = RnMul(q, q);
-  float num = -3.969683028665376e+01f;
-  num = RnAdd(RnMul(num, r), 2.209460984245205e+02f);
-  num = RnAdd(RnMul(num, r), -2.759285104469687e+02f);
-  num = RnAdd(RnMul(num, r), 1.383577518672690e+02f);
-  num = RnAdd(RnMul(num, r), -3.066479806614716e+01f);
-  num = RnAdd(RnMul(num, r), 2.506628277459239e+00f);
-  float den = -5.447609879822406e+01f;
-  den = RnAdd(RnMul(den, r), 1.615858368580409e+02f);
-  den = RnAdd(RnMul(den, r), -1.556989798598866e+02f);
-  den = RnAdd(RnMul(den, r), 6.680131188771972e+01f);
-  den = RnAdd(RnMul(den, r), -1.328068155288572e+01f);
-  den = RnAdd(RnMul(den, r), 1.0f);
+  double q = RnSub(p, 0.5);
+  double r = RnMul(q, q);
+  double num = -3.969683028665376e+01;
+  num = RnAdd(RnMul(num, r), 2.209460984245205e+02);
+  num = RnAdd(RnMul(num, r), -2.759285104469687e+02);
+  num = RnAdd(RnMul(num, r), 1.383577518672690e+02);
+  num = RnAdd(RnMul(num, r), -3.066479806614716e+01);
+  num = RnAdd(RnMul(num, r), 2.506628277459239e+00);
+  double den = -5.447609879822406e+01;
+  den = RnAdd(RnMul(den, r), 1.615858368580409e+02);
+  den = RnAdd(RnMul(den, r), -1.556989798598866e+02);
+  den = RnAdd(RnMul(den, r), 6.680131188771972e+01);
+  den = RnAdd(RnMul(den, r), -1.328068155288572e+01);
+  den = RnAdd(RnMul(den, r), 1.0);
   return RnDiv(RnMul(num, q), den);
 }
 
@@ -114,18 +119,24 @@ EMBER_HD float Element(const InitializerConfig& c, uint64_t base, uint32_t j) {
     case InitializerKind::kZeros: return 0.0f;
     case InitializerKind::kConstant: return c.value;
     case InitializerKind::kUniform:
-      return RnAdd(c.min, RnMul(RnSub(c.max, c.min), UnitOpen(Word(base, j))));
+      {
+        // A 24-bit fraction is exact in float; rounding of min + span * u may
+        // still reach max, which [min, max) excludes.
+        const float u = RnMulF(static_cast<float>(Word(base, j) >> 40) + 0.5f, 5.9604644775390625e-8f);
+        const float v = RnAddF(c.min, RnMulF(c.max - c.min, u));
+        return v < c.max ? v : nextafterf(c.max, c.min);
+      }
     case InitializerKind::kNormal:
-      return RnAdd(c.mean, RnMul(c.stddev, NormalQuantile(UnitOpen(Word(base, j)))));
+      return RnAddF(c.mean, RnMulF(c.stddev, static_cast<float>(NormalQuantile(UnitOpen(Word(base, j))))));
     case InitializerKind::kTruncatedNormal: {
-      float z = 0.0f;
+      double z = 0.0;
       for (int attempt = 0; attempt < kTruncatedNormalAttempts; ++attempt) {
         z = NormalQuantile(
             UnitOpen(Word(base, static_cast<uint64_t>(j) * kTruncatedNormalAttempts + attempt)));
-        if (z >= -2.0f && z <= 2.0f) break;
+        if (z >= -2.0 && z <= 2.0) break;
       }
-      z = z < -2.0f ? -2.0f : (z > 2.0f ? 2.0f : z);
-      return RnAdd(c.mean, RnMul(c.stddev, z));
+      z = z < -2.0 ? -2.0 : (z > 2.0 ? 2.0 : z);
+      return RnAddF(c.mean, RnMulF(c.stddev, static_cast<float>(z)));
     }
   }
   return 0.0f;

@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "server/server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on (0.0.0.0 in containers).");
@@ -25,6 +26,8 @@ ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Ember embedding shard server");
   absl::ParseCommandLine(argc, argv);
+  // Logs go to stderr; stdout carries only the EMBER_READY line.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("ember-server"));
 
   ember::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);

@@ -1,0 +1,160 @@
+// Optimizer updates over several pushes, checked against reference values the
+// test computes itself in double precision from the published update rules.
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/initializer_math.h"
+#include "tests/kernels/store_implementations.h"
+#include "tests/test_util.h"
+
+namespace ember::testing {
+namespace {
+
+constexpr uint32_t kDim = 3;
+
+// Reference state of one row, in double.
+struct RefRow {
+  double w[kDim];
+  double s0[kDim] = {};  // acc | m | z
+  double s1[kDim] = {};  // v | n
+  int t = 0;
+};
+
+RefRow InitialRef(const TableConfig& c, uint64_t key) {
+  RefRow r;
+  float row[kDim];
+  init::InitialRow(c.initializer, key, kDim, DType::kFp32, row);
+  for (uint32_t j = 0; j < kDim; ++j) {
+    r.w[j] = row[j];
+    if (c.optimizer.kind == OptimizerKind::kAdagrad) r.s0[j] = c.optimizer.initial_accumulator;
+    if (c.optimizer.kind == OptimizerKind::kFtrl) r.s1[j] = c.optimizer.initial_accumulator;
+  }
+  return r;
+}
+
+void RefStep(const OptimizerConfig& o, const double* g, RefRow& r) {
+  const double lr = o.learning_rate;
+  ++r.t;
+  for (uint32_t j = 0; j < kDim; ++j) {
+    switch (o.kind) {
+      case OptimizerKind::kSgd: r.w[j] -= lr * g[j]; break;
+      case OptimizerKind::kAdagrad:
+        r.s0[j] += g[j] * g[j];
+        r.w[j] -= lr * g[j] / (std::sqrt(r.s0[j]) + o.epsilon);
+        break;
+      case OptimizerKind::kAdam: {
+        const double b1 = o.beta1, b2 = o.beta2;
+        r.s0[j] = b1 * r.s0[j] + (1 - b1) * g[j];
+        r.s1[j] = b2 * r.s1[j] + (1 - b2) * g[j] * g[j];
+        const double lr_t = lr * std::sqrt(1 - std::pow(b2, r.t)) / (1 - std::pow(b1, r.t));
+        r.w[j] -= lr_t * r.s0[j] / (std::sqrt(r.s1[j]) + o.epsilon);
+        break;
+      }
+      case OptimizerKind::kFtrl: {
+        const double n_new = r.s1[j] + g[j] * g[j];
+        const double sigma = (std::sqrt(n_new) - std::sqrt(r.s1[j])) / lr;
+        r.s0[j] += g[j] - sigma * r.w[j];
+        r.s1[j] = n_new;
+        const double z = r.s0[j];
+        r.w[j] = std::abs(z) <= o.l1
+                     ? 0.0
+                     : -(z - (z < 0 ? -1 : 1) * o.l1) / ((o.ftrl_beta + std::sqrt(n_new)) / lr + o.l2);
+        break;
+      }
+    }
+  }
+}
+
+template <typename Factory>
+class StoreOptimizerTest : public StoreTestBase<Factory> {
+ protected:
+  // Pushes 6 steps: key A every step (twice in step 2, summed), key B on odd
+  // steps only (so lazy per-row step counts differ), then compares.
+  void RunAndCompare(const TableConfig& c, double tolerance) {
+    auto store = this->MakeStore(c);
+    const uint64_t a = 1001, b = 0;
+    RefRow ra = InitialRef(c, a), rb = InitialRef(c, b);
+    for (int step = 0; step < 6; ++step) {
+      std::vector<uint64_t> keys;
+      std::vector<float> grads;
+      auto grad_for = [&](uint64_t key, int k) {
+        keys.push_back(key);
+        for (uint32_t j = 0; j < kDim; ++j) {
+          grads.push_back(0.3f * static_cast<float>((step + 1) * (j + 1) * (k + 1) % 7) - 0.9f);
+        }
+      };
+      grad_for(a, 0);
+      if (step == 2) grad_for(a, 1);
+      if (step % 2 == 1) grad_for(b, 0);
+      ASSERT_OK(store->ApplyGradients(keys, DType::kFp32, Bytes(grads)));
+      double ga[kDim] = {}, gb[kDim] = {};
+      for (size_t i = 0; i < keys.size(); ++i) {
+        for (uint32_t j = 0; j < kDim; ++j) (keys[i] == a ? ga : gb)[j] += grads[i * kDim + j];
+      }
+      RefStep(c.optimizer, ga, ra);
+      if (step % 2 == 1) RefStep(c.optimizer, gb, rb);
+    }
+    std::vector<float> rows(2 * kDim);
+    ASSERT_OK(store->Find({{a, b}}, DType::kFp32, MutableBytes(rows)));
+    for (uint32_t j = 0; j < kDim; ++j) {
+      EXPECT_NEAR(rows[j], ra.w[j], tolerance) << OptimizerName(c.optimizer.kind) << " key a " << j;
+      EXPECT_NEAR(rows[kDim + j], rb.w[j], tolerance)
+          << OptimizerName(c.optimizer.kind) << " key b " << j;
+    }
+    // The update actually moved the rows (a reference that cannot fail is no reference).
+    EXPECT_GT(std::abs(rows[0] - InitialRef(c, a).w[0]), 1e-4);
+  }
+
+  static TableConfig Base(OptimizerKind kind) {
+    TableConfig c = SmallTable(kDim);
+    c.initializer.kind = InitializerKind::kNormal;
+    c.initializer.mean = 0.0f;
+    c.initializer.stddev = 0.1f;
+    c.optimizer.kind = kind;
+    c.optimizer.learning_rate = 0.05f;
+    return c;
+  }
+};
+TYPED_TEST_SUITE(StoreOptimizerTest, StoreImplementations);
+
+TYPED_TEST(StoreOptimizerTest, SgdMatchesReferenceOverSixSteps) {
+  this->RunAndCompare(this->Base(OptimizerKind::kSgd), 1e-6);
+}
+
+TYPED_TEST(StoreOptimizerTest, AdagradMatchesReferenceOverSixSteps) {
+  TableConfig c = this->Base(OptimizerKind::kAdagrad);
+  c.optimizer.initial_accumulator = 0.1f;
+  c.optimizer.epsilon = 1e-7f;
+  this->RunAndCompare(c, 1e-6);
+}
+
+TYPED_TEST(StoreOptimizerTest, AdamWithPerRowStepCountMatchesReferenceOverSixSteps) {
+  TableConfig c = this->Base(OptimizerKind::kAdam);
+  c.optimizer.beta1 = 0.9f;
+  c.optimizer.beta2 = 0.999f;
+  c.optimizer.epsilon = 1e-8f;
+  this->RunAndCompare(c, 1e-5);
+}
+
+TYPED_TEST(StoreOptimizerTest, FtrlProximalMatchesReferenceOverSixSteps) {
+  TableConfig c = this->Base(OptimizerKind::kFtrl);
+  c.optimizer.ftrl_beta = 1.0f;
+  c.optimizer.l1 = 0.05f;
+  c.optimizer.l2 = 0.01f;
+  c.optimizer.initial_accumulator = 0.1f;
+  this->RunAndCompare(c, 1e-5);
+}
+
+TYPED_TEST(StoreOptimizerTest, FtrlWithStrongL1DrivesWeightsToExactlyZero) {
+  TableConfig c = this->Base(OptimizerKind::kFtrl);
+  c.optimizer.l1 = 100.0f;
+  auto store = this->MakeStore(c);
+  ASSERT_OK(store->ApplyGradients({{3}}, DType::kFp32, Bytes(std::vector<float>(kDim, 0.5f))));
+  std::vector<float> row(kDim);
+  ASSERT_OK(store->Find({{3}}, DType::kFp32, MutableBytes(row)));
+  EXPECT_EQ(row, std::vector<float>(kDim, 0.0f));
+}
+
+}  // namespace
+}  // namespace ember::testing

@@ -1,0 +1,60 @@
+// Builders for wire messages used by the shard and server tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/key_hash.h"
+#include "common/wire.h"
+#include "ember/v1/admin_service.pb.h"
+#include "ember/v1/embedding_service.pb.h"
+
+namespace ember::testing {
+
+inline v1::TableConfig AdagradTable(const std::string& name, uint32_t dim) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(dim);
+  c.mutable_initializer()->mutable_uniform()->set_min(-0.1f);
+  c.mutable_initializer()->mutable_uniform()->set_max(0.1f);
+  c.mutable_initializer()->set_seed(7);
+  c.mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.01f);
+  c.mutable_optimizer()->mutable_adagrad()->set_initial_accumulator(0.1f);
+  return c;
+}
+
+// Keys owned by `shard` of `count`, in a fixed pseudo-random order.
+inline std::vector<uint64_t> OwnedKeys(uint32_t shard, uint32_t count, size_t n,
+                                       uint64_t start = 1) {
+  std::vector<uint64_t> keys;
+  for (uint64_t k = start; keys.size() < n; ++k) {
+    const uint64_t key = Mix64(k);
+    if (ShardOf(key, count) == shard) keys.push_back(key);
+  }
+  return keys;
+}
+
+inline void AddLookup(v1::LookupRequest* r, const std::string& table,
+                      const std::vector<uint64_t>& keys, bool read_only = false) {
+  v1::TableLookup* t = r->add_tables();
+  t->set_table(table);
+  t->set_keys(PackKeys(keys));
+  t->set_read_only(read_only);
+}
+
+inline void AddGradients(v1::PushRequest* r, const std::string& table,
+                         const std::vector<uint64_t>& keys, const std::vector<float>& grads) {
+  v1::TableGradients* t = r->add_tables();
+  t->set_table(table);
+  t->set_keys(PackKeys(keys));
+  t->set_dtype(v1::DTYPE_FP32);
+  t->set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+}
+
+inline std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+}  // namespace ember::testing

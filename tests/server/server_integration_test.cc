@@ -1,0 +1,280 @@
+// The real ember-server binary on 127.0.0.1, driven through the generated
+// stubs: health, admin, lookup/push round trips, every bad input over the
+// wire, and graceful shutdown on SIGTERM.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "ember/v1/admin_service.grpc.pb.h"
+#include "ember/v1/embedding_service.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/server/requests.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace ember::testing {
+namespace {
+
+constexpr uint32_t kShards = 2;
+constexpr uint64_t kMaxMessageBytes = 1 << 20;
+
+class ServerIntegrationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    config_path_ = new std::string(::testing::TempDir() + "/ember_tables.textproto");
+    std::ofstream(*config_path_) << R"pb(
+      tables {
+        name: "clicks"
+        dim: 8
+        initializer { normal { stddev: 0.05 } seed: 3 }
+        optimizer { adagrad { learning_rate: 0.01 initial_accumulator: 0.1 } }
+        capacity: 100000
+        eviction: EVICTION_POLICY_LRU
+      }
+    )pb";
+  }
+  static void TearDownTestSuite() { delete config_path_; }
+
+  void SetUp() override {
+    auto p = ServerProcess::Start({"--shard_index=0", absl::StrCat("--shard_count=", kShards),
+                                   absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
+                                   "--table_config_file=" + *config_path_});
+    ASSERT_OK(p);
+    server_ = std::move(*p);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(-1);
+    channel_ = grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(),
+                                         args);
+    embedding_ = v1::EmbeddingService::NewStub(channel_);
+    admin_ = v1::AdminService::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return ctx;
+  }
+  grpc::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
+    return embedding_->Lookup(Context().get(), req, resp);
+  }
+  grpc::Status Push(const v1::PushRequest& req, v1::PushResponse* resp) {
+    return embedding_->Push(Context().get(), req, resp);
+  }
+  static void ExpectError(const grpc::Status& s, grpc::StatusCode code,
+                          const std::vector<std::string>& fragments) {
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    for (const auto& f : fragments) {
+      EXPECT_NE(s.error_message().find(f), std::string::npos)
+          << "'" << f << "' not in: " << s.error_message();
+    }
+  }
+  uint64_t Rows(const std::string& table) {
+    v1::ListTablesResponse list;
+    EXPECT_TRUE(admin_->ListTables(Context().get(), {}, &list).ok());
+    for (const auto& t : list.tables()) {
+      if (t.config().name() == table) return t.rows();
+    }
+    return ~uint64_t{0};
+  }
+
+  static std::string* config_path_;
+  std::unique_ptr<ServerProcess> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::EmbeddingService::Stub> embedding_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::vector<uint64_t> keys_ = OwnedKeys(0, kShards, 64);
+};
+std::string* ServerIntegrationTest::config_path_ = nullptr;
+
+TEST_F(ServerIntegrationTest, HealthServiceReportsServing) {
+  // No health stub is generated here: call the method generically with an
+  // empty HealthCheckRequest (the whole server).
+  grpc::GenericStub stub(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  auto ctx = Context();
+  auto call = stub.PrepareUnaryCall(ctx.get(), "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::Status s;
+  call->Finish(&response, &s, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_TRUE(ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+TEST_F(ServerIntegrationTest, ShardInfoReportsIdentityRoutingAndLimits) {
+  v1::GetShardInfoResponse info;
+  ASSERT_TRUE(admin_->GetShardInfo(Context().get(), {}, &info).ok());
+  EXPECT_EQ(info.shard_index(), 0u);
+  EXPECT_EQ(info.shard_count(), kShards);
+  EXPECT_EQ(info.routing(), "splitmix64-fastrange32");
+  EXPECT_EQ(info.max_message_bytes(), kMaxMessageBytes);
+  EXPECT_EQ(info.device(), "cpu");
+}
+
+TEST_F(ServerIntegrationTest, TablesFromTheConfigFileExistAtStartup) {
+  v1::ListTablesResponse list;
+  ASSERT_TRUE(admin_->ListTables(Context().get(), {}, &list).ok());
+  ASSERT_EQ(list.tables_size(), 1);
+  EXPECT_EQ(list.tables(0).config().name(), "clicks");
+  EXPECT_EQ(list.tables(0).config().dim(), 8u);
+  EXPECT_EQ(list.tables(0).config().eviction(), v1::EVICTION_POLICY_LRU);
+}
+
+TEST_F(ServerIntegrationTest, PushThenLookupReturnsTheUpdatedRowsInKeyOrder) {
+  v1::LookupRequest lookup;
+  v1::LookupResponse before, after;
+  AddLookup(&lookup, "clicks", keys_);
+  ASSERT_TRUE(Lookup(lookup, &before).ok());
+  EXPECT_EQ(before.tables(0).missing(), keys_.size());
+
+  std::vector<float> grads(keys_.size() * 8);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = (i % 5) * 0.25f - 0.5f;
+  v1::PushRequest push;
+  v1::PushResponse pushed;
+  push.set_worker_id(1);
+  push.set_step(0);
+  AddGradients(&push, "clicks", keys_, grads);
+  ASSERT_TRUE(Push(push, &pushed).ok());
+  EXPECT_EQ(pushed.tables(0).updated(), keys_.size());
+  EXPECT_EQ(pushed.tables(0).inserted(), 0u);
+
+  ASSERT_TRUE(Lookup(lookup, &after).ok());
+  std::vector<float> w0 = Floats(before.tables(0).rows()), w1 = Floats(after.tables(0).rows());
+  ASSERT_EQ(w1.size(), keys_.size() * 8);
+  for (size_t i = 0; i < w1.size(); ++i) {
+    const double g = grads[i];
+    const double expected = w0[i] - 0.01 * g / (std::sqrt(0.1 + g * g) + 1e-7);
+    EXPECT_NEAR(w1[i], expected, 1e-6) << i;
+  }
+}
+
+TEST_F(ServerIntegrationTest, HalfPrecisionRowsComeBackInTheRequestedDtype) {
+  v1::LookupRequest lookup;
+  v1::LookupResponse fp32, bf16;
+  AddLookup(&lookup, "clicks", keys_, true);
+  ASSERT_TRUE(Lookup(lookup, &fp32).ok());
+  lookup.mutable_tables(0)->set_dtype(v1::DTYPE_BF16);
+  ASSERT_TRUE(Lookup(lookup, &bf16).ok());
+  EXPECT_EQ(bf16.tables(0).dtype(), v1::DTYPE_BF16);
+  ASSERT_EQ(bf16.tables(0).rows().size(), keys_.size() * 8 * 2);
+  std::vector<float> f = Floats(fp32.tables(0).rows());
+  for (size_t i = 0; i < f.size(); ++i) {
+    EXPECT_EQ(LoadElement(bf16.tables(0).rows().data(), DType::kBf16, i),
+              RoundTo(DType::kBf16, f[i]));
+  }
+}
+
+TEST_F(ServerIntegrationTest, EveryBadInputGetsAClearStatusAndChangesNothing) {
+  const uint64_t rows_before = Rows("clicks");
+  v1::LookupResponse lresp;
+  v1::PushResponse presp;
+  {  // unknown table
+    v1::LookupRequest r;
+    AddLookup(&r, "nope", keys_);
+    ExpectError(Lookup(r, &lresp), grpc::StatusCode::NOT_FOUND, {"table 'nope'"});
+  }
+  {  // key bytes not a multiple of 8
+    v1::LookupRequest r;
+    AddLookup(&r, "clicks", keys_);
+    r.mutable_tables(0)->mutable_keys()->push_back('x');
+    ExpectError(Lookup(r, &lresp), grpc::StatusCode::INVALID_ARGUMENT,
+                {"table 'clicks'", "'keys'", "multiple of 8", "received 513"});
+  }
+  {  // gradient bytes not n x dim x dtype size
+    v1::PushRequest r;
+    AddGradients(&r, "clicks", keys_, std::vector<float>(keys_.size() * 8 + 1, 0.1f));
+    ExpectError(Push(r, &presp), grpc::StatusCode::INVALID_ARGUMENT,
+                {"table 'clicks'", "'gradients'", "expected 2048 bytes", "received 2052"});
+  }
+  {  // NaN in gradients
+    v1::PushRequest r;
+    std::vector<float> g(keys_.size() * 8, 0.1f);
+    g[100] = std::numeric_limits<float>::quiet_NaN();
+    AddGradients(&r, "clicks", keys_, g);
+    ExpectError(Push(r, &presp), grpc::StatusCode::INVALID_ARGUMENT,
+                {"table 'clicks'", "finite", "row 12"});
+  }
+  {  // dim mismatch on CreateTable of an existing name
+    v1::CreateTableRequest r;
+    *r.mutable_config() = AdagradTable("clicks", 16);
+    v1::CreateTableResponse resp;
+    ExpectError(admin_->CreateTable(Context().get(), r, &resp), grpc::StatusCode::ALREADY_EXISTS,
+                {"table 'clicks'", "dim: existing 8, requested 16"});
+  }
+  {  // misrouted key
+    v1::LookupRequest r;
+    AddLookup(&r, "clicks", OwnedKeys(1, kShards, 3));
+    ExpectError(Lookup(r, &lresp), grpc::StatusCode::INVALID_ARGUMENT,
+                {"table 'clicks'", "misrouted", "expected shard 1 of 2"});
+  }
+  {  // a request larger than the message limit: gRPC refuses it with the limit
+    v1::LookupRequest r;
+    AddLookup(&r, "clicks", OwnedKeys(0, kShards, kMaxMessageBytes / 8 + 100));
+    ExpectError(Lookup(r, &lresp), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                {std::to_string(kMaxMessageBytes)});
+  }
+  {  // a response larger than the limit is refused before any work
+    v1::LookupRequest r;
+    AddLookup(&r, "clicks", OwnedKeys(0, kShards, kMaxMessageBytes / 32 + 10));
+    ExpectError(Lookup(r, &lresp), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                {"limit max_message_bytes is 1048576"});
+  }
+  {  // zero keys: valid, empty answer
+    v1::LookupRequest r;
+    AddLookup(&r, "clicks", {});
+    ASSERT_TRUE(Lookup(r, &lresp).ok());
+    EXPECT_TRUE(lresp.tables(0).rows().empty());
+  }
+  EXPECT_EQ(Rows("clicks"), rows_before);
+  EXPECT_TRUE(server_->Running());
+}
+
+TEST_F(ServerIntegrationTest, DropAndRecreateTableOverTheWire) {
+  v1::CreateTableRequest create;
+  *create.mutable_config() = AdagradTable("tmp", 4);
+  v1::CreateTableResponse created;
+  ASSERT_TRUE(admin_->CreateTable(Context().get(), create, &created).ok());
+  EXPECT_TRUE(created.created());
+  v1::DropTableRequest drop;
+  drop.set_name("tmp");
+  v1::DropTableResponse dropped;
+  ASSERT_TRUE(admin_->DropTable(Context().get(), drop, &dropped).ok());
+  ExpectError(admin_->DropTable(Context().get(), drop, &dropped), grpc::StatusCode::NOT_FOUND,
+              {"table 'tmp'"});
+}
+
+TEST_F(ServerIntegrationTest, SigtermShutsDownGracefullyWithExitCodeZero) {
+  auto status = server_->Stop(SIGTERM, absl::Seconds(20));
+  ASSERT_OK(status);
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+TEST(ServerStartupTest, InvalidFlagsMakeTheServerExitWithAnError) {
+  auto p = ServerProcess::Start({"--shard_index=3", "--shard_count=2"}, absl::Seconds(20));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnavailable) << p.status();
+}
+
+}  // namespace
+}  // namespace ember::testing

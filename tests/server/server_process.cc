@@ -1,0 +1,104 @@
+#include "tests/server/server_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+#ifndef EMBER_SERVER_BIN
+#error "EMBER_SERVER_BIN must name the ember-server binary"
+#endif
+
+extern char** environ;
+
+namespace ember::testing {
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
+    const std::vector<std::string>& args, absl::Duration timeout) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  std::vector<std::string> argv_s = {EMBER_SERVER_BIN, "--address=127.0.0.1", "--port=0"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  std::unique_ptr<ServerProcess> p(new ServerProcess());
+  int rc = posix_spawn(&p->pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  p->stdout_fd_ = fds[0];
+  if (rc != 0) {
+    p->pid_ = -1;
+    return absl::InternalError(absl::StrCat("posix_spawn ", argv_s[0], ": ", strerror(rc)));
+  }
+
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string out;
+  while (absl::Now() < deadline) {
+    pollfd pfd{p->stdout_fd_, POLLIN, 0};
+    int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (poll(&pfd, 1, std::max(ms, 1)) <= 0) continue;
+    char buf[256];
+    ssize_t n = read(p->stdout_fd_, buf, sizeof(buf));
+    if (n <= 0) break;  // the process closed stdout: it exited
+    out.append(buf, n);
+    if (auto pos = out.find("EMBER_READY port="); pos != std::string::npos &&
+                                                   out.find('\n', pos) != std::string::npos) {
+      p->port_ = std::atoi(out.c_str() + pos + strlen("EMBER_READY port="));
+      return p;
+    }
+  }
+  return absl::UnavailableError(
+      absl::StrCat("ember-server did not report ready within ", absl::FormatDuration(timeout),
+                   "; stdout: '", out, "'"));
+}
+
+bool ServerProcess::Running() {
+  if (pid_ <= 0 || reaped_) return false;
+  int status;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    reaped_ = true;
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<int> ServerProcess::Stop(int signal, absl::Duration timeout) {
+  if (pid_ <= 0 || reaped_) return absl::FailedPreconditionError("not running");
+  kill(pid_, signal);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return status;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  reaped_ = true;
+  return absl::DeadlineExceededError(
+      absl::StrCat("ember-server did not exit within ", absl::FormatDuration(timeout)));
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+}  // namespace ember::testing

@@ -1,0 +1,254 @@
+// The shard core, driven directly (no network): table administration,
+// routing checks, and every bad input answered with a clear status that
+// changes nothing.
+#include "server/shard.h"
+
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "tests/server/requests.h"
+#include "tests/test_util.h"
+
+namespace ember::testing {
+namespace {
+
+class ShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(shard_.CreateTable(AdagradTable("user", 4), &created_));
+    ASSERT_OK(shard_.CreateTable(AdagradTable("item", 2), &created_));
+  }
+  // All rows of `keys` in table `name`, read-only.
+  std::vector<float> Rows(const std::string& name, const std::vector<uint64_t>& keys) {
+    v1::LookupRequest req;
+    v1::LookupResponse resp;
+    AddLookup(&req, name, keys, /*read_only=*/true);
+    EXPECT_OK(shard_.Lookup(req, &resp));
+    return Floats(resp.tables(0).rows());
+  }
+  uint64_t StoredRows(const std::string& name) {
+    v1::ListTablesResponse list;
+    shard_.ListTables(&list);
+    for (const auto& t : list.tables()) {
+      if (t.config().name() == name) return t.rows();
+    }
+    return ~uint64_t{0};
+  }
+  static void ExpectError(const absl::Status& s, absl::StatusCode code,
+                          const std::vector<std::string>& fragments) {
+    EXPECT_EQ(s.code(), code) << s;
+    for (const auto& f : fragments) {
+      EXPECT_NE(s.message().find(f), absl::string_view::npos) << "'" << f << "' not in: " << s;
+    }
+  }
+
+  ShardOptions Options() {
+    ShardOptions o;
+    o.shard_index = 0;
+    o.shard_count = 2;
+    o.max_keys_per_request = 1000;
+    o.max_message_bytes = 64 * 1024;
+    return o;
+  }
+  Shard shard_{Options()};
+  v1::CreateTableResponse created_;
+  std::vector<uint64_t> keys_ = OwnedKeys(0, 2, 10);
+};
+
+TEST_F(ShardTest, CreatingAnIdenticalTableAgainSucceedsWithoutCreating) {
+  v1::CreateTableResponse again;
+  ASSERT_OK(shard_.CreateTable(AdagradTable("user", 4), &again));
+  EXPECT_FALSE(again.created());
+  EXPECT_EQ(again.table().config().dim(), 4u);
+}
+
+TEST_F(ShardTest, CreatingAnExistingTableWithAnotherDimFailsNamingBothDims) {
+  v1::CreateTableResponse r;
+  ExpectError(shard_.CreateTable(AdagradTable("user", 8), &r), absl::StatusCode::kAlreadyExists,
+              {"table 'user'", "dim: existing 4, requested 8"});
+  v1::TableConfig other = AdagradTable("user", 4);
+  other.mutable_optimizer()->mutable_sgd()->set_learning_rate(1);
+  ExpectError(shard_.CreateTable(other, &r), absl::StatusCode::kAlreadyExists, {"optimizer"});
+}
+
+TEST_F(ShardTest, CreateTableWithoutOptimizerOrWithBadDimIsRejected) {
+  v1::CreateTableResponse r;
+  v1::TableConfig c = AdagradTable("x", 4);
+  c.clear_optimizer();
+  ExpectError(shard_.CreateTable(c, &r), absl::StatusCode::kInvalidArgument,
+              {"table 'x'", "'optimizer'"});
+  ExpectError(shard_.CreateTable(AdagradTable("y", 0), &r), absl::StatusCode::kInvalidArgument,
+              {"table 'y'", "'dim'", "received 0"});
+  ExpectError(shard_.CreateTable(AdagradTable("bad name!", 4), &r),
+              absl::StatusCode::kInvalidArgument, {"'name'"});
+}
+
+TEST_F(ShardTest, ListTablesIsSortedAndDropTableRemoves) {
+  v1::ListTablesResponse list;
+  shard_.ListTables(&list);
+  ASSERT_EQ(list.tables_size(), 2);
+  EXPECT_EQ(list.tables(0).config().name(), "item");
+  EXPECT_EQ(list.tables(1).config().name(), "user");
+  ASSERT_OK(shard_.DropTable("item"));
+  ExpectError(shard_.DropTable("item"), absl::StatusCode::kNotFound, {"table 'item'"});
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "item", keys_);
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kNotFound, {"table 'item'"});
+}
+
+TEST_F(ShardTest, LookupAnswersEveryTableInRequestOrder) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "item", keys_);
+  AddLookup(&req, "user", {keys_[0], keys_[0]});
+  ASSERT_OK(shard_.Lookup(req, &resp));
+  ASSERT_EQ(resp.tables_size(), 2);
+  EXPECT_EQ(resp.tables(0).table(), "item");
+  EXPECT_EQ(resp.tables(0).rows().size(), keys_.size() * 2 * 4);
+  EXPECT_EQ(resp.tables(0).missing(), keys_.size());
+  EXPECT_EQ(resp.tables(1).dim(), 4u);
+  EXPECT_EQ(resp.tables(1).missing(), 1u);  // the repeated key is inserted once
+  EXPECT_EQ(StoredRows("item"), keys_.size());
+}
+
+TEST_F(ShardTest, ReadOnlyLookupStoresNothing) {
+  Rows("user", keys_);
+  EXPECT_EQ(StoredRows("user"), 0u);
+}
+
+TEST_F(ShardTest, PushAppliesToEveryTableAndReportsCounts) {
+  v1::PushRequest req;
+  v1::PushResponse resp;
+  AddGradients(&req, "item", {keys_[0], keys_[0], keys_[1]}, std::vector<float>(6, 1.0f));
+  ASSERT_OK(shard_.Push(req, &resp));
+  ASSERT_EQ(resp.tables_size(), 1);
+  EXPECT_EQ(resp.tables(0).updated(), 2u);
+  EXPECT_EQ(resp.tables(0).inserted(), 2u);
+}
+
+TEST_F(ShardTest, ZeroKeysIsAValidEmptyAnswer) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "user", {});
+  ASSERT_OK(shard_.Lookup(req, &resp));
+  ASSERT_EQ(resp.tables_size(), 1);
+  EXPECT_TRUE(resp.tables(0).rows().empty());
+  v1::PushRequest push;
+  v1::PushResponse presp;
+  AddGradients(&push, "user", {}, {});
+  ASSERT_OK(shard_.Push(push, &presp));
+  EXPECT_EQ(presp.tables(0).updated(), 0u);
+}
+
+TEST_F(ShardTest, UnknownTableIsNotFoundNamingTheTableAndField) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "user", keys_);
+  AddLookup(&req, "nope", keys_);
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kNotFound,
+              {"table 'nope'", "tables[1].table"});
+  EXPECT_EQ(StoredRows("user"), 0u);  // the valid first table was not touched
+}
+
+TEST_F(ShardTest, KeyBytesNotAMultipleOfEightAreRejected) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "user", keys_);
+  req.mutable_tables(0)->mutable_keys()->append("abcde");
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kInvalidArgument,
+              {"table 'user'", "'keys'", "multiple of 8", "received 85"});
+  EXPECT_EQ(StoredRows("user"), 0u);
+}
+
+TEST_F(ShardTest, GradientBytesOfTheWrongSizeAreRejectedAndChangeNothing) {
+  v1::PushRequest req;
+  v1::PushResponse resp;
+  AddGradients(&req, "item", keys_, std::vector<float>(keys_.size() * 2, 1.0f));  // valid
+  AddGradients(&req, "user", keys_, std::vector<float>(keys_.size() * 4 - 1, 1.0f));
+  ExpectError(shard_.Push(req, &resp), absl::StatusCode::kInvalidArgument,
+              {"table 'user'", "'gradients'", "expected 160 bytes", "received 156"});
+  EXPECT_EQ(StoredRows("item"), 0u);  // the valid first table was not applied
+}
+
+TEST_F(ShardTest, NonFiniteGradientsAreRejectedAndChangeNothing) {
+  std::vector<float> before = Rows("item", keys_);
+  v1::PushRequest req;
+  v1::PushResponse resp;
+  std::vector<float> grads(keys_.size() * 2, 0.5f);
+  grads[7] = std::numeric_limits<float>::infinity();
+  AddGradients(&req, "item", keys_, grads);
+  ExpectError(shard_.Push(req, &resp), absl::StatusCode::kInvalidArgument,
+              {"table 'item'", "'gradients'", "finite", "row 3"});
+  EXPECT_EQ(Rows("item", keys_), before);
+  EXPECT_EQ(StoredRows("item"), 0u);
+}
+
+TEST_F(ShardTest, MisroutedKeysAreRejectedNamingTheOwnerShard) {
+  std::vector<uint64_t> keys = keys_;
+  keys.push_back(OwnedKeys(1, 2, 1)[0]);
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "user", keys);
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kInvalidArgument,
+              {"table 'user'", "misrouted", "expected shard 1 of 2", "received by shard 0"});
+  v1::PushRequest push;
+  v1::PushResponse presp;
+  AddGradients(&push, "user", keys, std::vector<float>(keys.size() * 4, 1.0f));
+  ExpectError(shard_.Push(push, &presp), absl::StatusCode::kInvalidArgument, {"misrouted"});
+  EXPECT_EQ(StoredRows("user"), 0u);
+}
+
+TEST_F(ShardTest, TooManyKeysIsResourceExhaustedNamingTheLimit) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "item", OwnedKeys(0, 2, 600));
+  AddLookup(&req, "user", OwnedKeys(0, 2, 600));
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kResourceExhausted,
+              {"1200 keys", "limit", "1000"});
+}
+
+TEST_F(ShardTest, OversizedResponseIsRefusedBeforeAnyWork) {
+  v1::CreateTableResponse r;
+  ASSERT_OK(shard_.CreateTable(AdagradTable("wide", 1024), &r));
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "wide", OwnedKeys(0, 2, 20));  // 20 x 4 KiB > 64 KiB
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kResourceExhausted,
+              {"81920 bytes", "limit", "65536"});
+  EXPECT_EQ(StoredRows("wide"), 0u);
+}
+
+TEST_F(ShardTest, ATableTwiceInOneRequestIsRejected) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "user", keys_);
+  AddLookup(&req, "user", keys_);
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kInvalidArgument,
+              {"table 'user'", "tables[1].table", "once"});
+}
+
+TEST_F(ShardTest, UnknownDtypeAndNegativeStepAreRejected) {
+  v1::LookupRequest req;
+  v1::LookupResponse resp;
+  AddLookup(&req, "user", keys_);
+  req.mutable_tables(0)->set_dtype(static_cast<v1::DType>(9));
+  ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kInvalidArgument,
+              {"table 'user'", "'dtype'", "received 9"});
+  v1::PushRequest push;
+  v1::PushResponse presp;
+  push.set_step(-1);
+  ExpectError(shard_.Push(push, &presp), absl::StatusCode::kInvalidArgument, {"'step'", "-1"});
+}
+
+TEST(ShardOptionsTest, InvalidOptionsAreRejected) {
+  ShardOptions o;
+  o.shard_count = 2;
+  o.shard_index = 2;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o.shard_count = 0;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ember::testing
