@@ -20,7 +20,7 @@ constexpr uint32_t kNoRow = 0xffffffffu;
 constexpr size_t kMinIndexSize = 16;
 constexpr size_t kChunkTargetBytes = 16384;
 // Keys probed ahead of the one being resolved; enough to cover a DRAM miss.
-constexpr size_t kPrefetchDistance = 12;
+constexpr size_t kPrefetchDistance = 48;
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
