@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
+#include "common/dtype.h"
 
 namespace ember::bench {
 
@@ -23,7 +24,7 @@ class PlainArray {
   // `rows` are row numbers.
   void Gather(absl::Span<const uint64_t> rows, float* out) const {
     for (size_t i = 0; i < rows.size(); ++i) {
-      memcpy(out + i * dim_, &rows_[rows[i] * dim_], dim_ * sizeof(float));
+      CopyRowBytes(out + i * dim_, &rows_[rows[i] * dim_], dim_ * sizeof(float));
     }
   }
   void Adagrad(absl::Span<const uint64_t> rows, const float* grads, float lr) {
@@ -55,7 +56,7 @@ class NaiveMap {
       if (it == map_.end()) {
         std::fill(out + i * dim_, out + (i + 1) * dim_, 0.0f);
       } else {
-        memcpy(out + i * dim_, it->second.data(), dim_ * sizeof(float));
+        CopyRowBytes(out + i * dim_, it->second.data(), dim_ * sizeof(float));
       }
     }
   }

@@ -98,6 +98,20 @@ EMBER_HD void StoreElement(void* data, DType t, size_t i, float v) {
   memcpy(p + i * 2, &h, 2);
 }
 
+// memcpy for row-sized copies: the common row sizes get a fixed-size copy the
+// compiler inlines (a library call per row costs more than the copy itself).
+inline void CopyRowBytes(void* dst, const void* src, size_t n) {
+  switch (n) {
+    case 16: memcpy(dst, src, 16); return;
+    case 32: memcpy(dst, src, 32); return;
+    case 64: memcpy(dst, src, 64); return;
+    case 128: memcpy(dst, src, 128); return;
+    case 256: memcpy(dst, src, 256); return;
+    case 512: memcpy(dst, src, 512); return;
+    default: memcpy(dst, src, n); return;
+  }
+}
+
 // Copies n elements from `src` (type `st`) to `dst` (type `dt`), converting.
 void ConvertElements(const void* src, DType st, void* dst, DType dt, size_t n);
 

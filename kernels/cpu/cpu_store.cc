@@ -18,9 +18,13 @@ namespace {
 
 constexpr uint32_t kNoRow = 0xffffffffu;
 constexpr size_t kMinIndexSize = 16;
-constexpr size_t kChunkTargetBytes = 16384;
-// Keys probed ahead of the one being resolved; enough to cover a DRAM miss.
-constexpr size_t kPrefetchDistance = 48;
+// Rows per record chunk: about 1/16 of a stripe's capacity, so a full stripe
+// has ~16 chunks (a chunk table that stays in cache) and wastes at most one
+// partly used chunk; 1024 rows for tables without a capacity.
+constexpr size_t kMinChunkRows = 16;
+constexpr size_t kMaxChunkRows = 4096;
+// Keys ahead whose index line a push prefetches while it updates a row.
+constexpr size_t kPrefetchDistance = 12;
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
@@ -36,20 +40,33 @@ inline uint64_t RecordKey(const uint8_t* record) {
 inline uint32_t* ScoreOf(uint8_t* record) { return reinterpret_cast<uint32_t*>(record + 8); }
 inline uint32_t* StepOf(uint8_t* record) { return reinterpret_cast<uint32_t*>(record + 12); }
 
+// A key of a sub-batch, sorted by stripe: its hash, its position in the
+// caller's arrays, and the row found for it.
+struct Slot {
+  uint64_t hash;
+  uint32_t pos;
+  uint32_t row;
+};
+
 // Per-thread scratch reused across calls: batches are often large, and a
 // fresh allocation per call would go to mmap and back each time.
 struct Scratch {
+  std::vector<Slot> slots;
   std::vector<uint64_t> hashes;
-  std::vector<uint32_t> order;
   std::vector<uint32_t> offsets;
-  std::vector<uint32_t> candidates;
+  std::vector<uint32_t> cursors;
   std::vector<uint32_t> pending;
-  std::vector<std::pair<uint64_t, uint32_t>> sorted;
-  std::vector<float> grad;
+  std::vector<std::pair<const uint32_t*, size_t>> index_views;
 };
 Scratch& LocalScratch() {
   thread_local Scratch scratch;
   return scratch;
+}
+
+// Keys per sub-batch: the sub-batch's keys, slots and row buffer stay in L2
+// while it is processed, so the per-key bookkeeping never misses the cache.
+size_t SubBatchKeys(size_t row_bytes) {
+  return std::clamp<size_t>((256 * 1024) / (row_bytes + 32), 256, 8192);
 }
 
 }  // namespace
@@ -59,6 +76,11 @@ struct alignas(64) CpuStore::Stripe {
   // Open-addressing index; index_mask + 1 entries, a power of two.
   std::unique_ptr<uint32_t[]> index ABSL_GUARDED_BY(mu);
   size_t index_mask ABSL_GUARDED_BY(mu) = 0;
+  // Copies of index/index_mask readable without the lock, used only to
+  // prefetch the index lines of keys in the next stripe of a batch (a stale
+  // address is harmless to a prefetch).
+  std::atomic<const uint32_t*> index_view{nullptr};
+  std::atomic<size_t> index_mask_view{0};
   // Dense row records, rows [0, size), in chunks of 1 << chunk_shift_ rows.
   std::vector<std::unique_ptr<uint8_t[]>> chunks ABSL_GUARDED_BY(mu);
   uint32_t size ABSL_GUARDED_BY(mu) = 0;
@@ -66,10 +88,10 @@ struct alignas(64) CpuStore::Stripe {
   uint64_t rng ABSL_GUARDED_BY(mu) = 0x853c49e6748fea9bULL;
 };
 
-// A batch grouped by stripe: keys order[offsets[s]..offsets[s+1]) are in stripe s.
+// A sub-batch grouped by stripe: slots[offsets[s]..offsets[s+1]) are the keys
+// of stripe s, in request order.
 struct CpuStore::Batch {
-  const uint64_t* hashes;
-  const uint32_t* order;
+  Slot* slots;
   const uint32_t* offsets;
 };
 
@@ -95,9 +117,6 @@ CpuStore::CpuStore(const TableConfig& config)
   value_offset_ = has_step_ ? 16 : 12;
   state_offset_ = value_offset_ + ((value_bytes_ + 3) & ~size_t{3});
   stride_ = state_offset_ + state_floats_ * sizeof(float);
-  const size_t rows_per_chunk = std::max<size_t>(16, std::bit_floor(kChunkTargetBytes / stride_ + 1));
-  chunk_shift_ = static_cast<uint32_t>(std::countr_zero(rows_per_chunk));
-
   // Small tables get one stripe (exact eviction order); large ones up to 256.
   if (config.capacity == 0) {
     num_stripes_ = kMaxStripes;
@@ -107,6 +126,10 @@ CpuStore::CpuStore(const TableConfig& config)
   }
   const uint32_t bits = static_cast<uint32_t>(std::countr_zero(num_stripes_));
   stripe_shift_ = bits == 0 ? 64 : 64 - bits;
+  const uint64_t per_stripe = config.capacity == 0 ? 16 * 1024 : config.capacity / num_stripes_;
+  const size_t rows_per_chunk =
+      std::clamp<size_t>(std::bit_floor(per_stripe / 16 + 1), kMinChunkRows, kMaxChunkRows);
+  chunk_shift_ = static_cast<uint32_t>(std::countr_zero(rows_per_chunk));
   stripes_ = std::make_unique<Stripe[]>(num_stripes_);
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     if (config.capacity == 0) {
@@ -165,6 +188,8 @@ void CpuStore::GrowIndex(Stripe& s, size_t new_size) ABSL_NO_THREAD_SAFETY_ANALY
   const size_t old_size = s.index ? s.index_mask + 1 : 0;
   s.index = std::make_unique<uint32_t[]>(new_size);  // zeroed: all empty
   s.index_mask = new_size - 1;
+  s.index_view.store(s.index.get(), std::memory_order_relaxed);
+  s.index_mask_view.store(s.index_mask, std::memory_order_relaxed);
   for (uint32_t r = 0; r < s.size; ++r) PlaceEntry(s, StoreHash(RecordKey(Record(s, r))), r);
   memory_bytes_.fetch_add((new_size - old_size) * sizeof(uint32_t), std::memory_order_relaxed);
 }
@@ -277,6 +302,9 @@ uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t cl
 // Scores are written under a shared lock by concurrent readers, hence the
 // relaxed atomics; an LFU increment lost to a race only blurs the count.
 void CpuStore::Touch(uint8_t* record, uint32_t clock) const {
+  // Without eviction nobody reads scores: skip the store, which would dirty
+  // the record's cache line on every lookup.
+  if (config().eviction == EvictionPolicy::kNone) return;
   std::atomic_ref<uint32_t> score(*ScoreOf(record));
   if (config().eviction == EvictionPolicy::kLfu) {
     const uint32_t v = score.load(std::memory_order_relaxed);
@@ -288,7 +316,7 @@ void CpuStore::Touch(uint8_t* record, uint32_t clock) const {
 
 void CpuStore::CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const {
   if (out_dtype == dtype_) {
-    memcpy(out, record + value_offset_, value_bytes_);
+    CopyRowBytes(out, record + value_offset_, value_bytes_);
   } else {
     ConvertElements(record + value_offset_, dtype_, out, out_dtype, dim_);
   }
@@ -301,107 +329,123 @@ void CpuStore::InitialRowOut(uint64_t key, DType out_dtype, uint8_t* out) const 
   }
 }
 
-void CpuStore::GroupByStripe(absl::Span<const uint64_t> keys, Batch* batch) const {
+void CpuStore::GroupByStripe(absl::Span<const uint64_t> keys, size_t base, size_t count,
+                             Batch* batch) const {
   Scratch& sc = LocalScratch();
-  const size_t n = keys.size();
-  sc.hashes.resize(n);
-  sc.order.resize(n);
+  sc.slots.resize(count);
   sc.offsets.assign(num_stripes_ + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t h = StoreHash(keys[i]);
-    sc.hashes[i] = h;
-    ++sc.offsets[StripeOf(h) + 1];
-  }
-  for (uint32_t s = 0; s < num_stripes_; ++s) sc.offsets[s + 1] += sc.offsets[s];
   if (num_stripes_ == 1) {
-    for (size_t i = 0; i < n; ++i) sc.order[i] = static_cast<uint32_t>(i);
+    for (size_t i = 0; i < count; ++i) {
+      sc.slots[i] = {StoreHash(keys[base + i]), static_cast<uint32_t>(base + i), kNoRow};
+    }
+    sc.offsets[1] = static_cast<uint32_t>(count);
   } else {
-    sc.pending.assign(sc.offsets.begin(), sc.offsets.end() - 1);  // fill cursors
-    for (size_t i = 0; i < n; ++i) sc.order[sc.pending[StripeOf(sc.hashes[i])]++] = static_cast<uint32_t>(i);
+    sc.hashes.resize(count);
+    uint64_t* hashes = sc.hashes.data();
+    for (size_t i = 0; i < count; ++i) {
+      hashes[i] = StoreHash(keys[base + i]);
+      ++sc.offsets[StripeOf(hashes[i]) + 1];
+    }
+    for (uint32_t s = 0; s < num_stripes_; ++s) sc.offsets[s + 1] += sc.offsets[s];
+    sc.cursors.assign(sc.offsets.begin(), sc.offsets.end() - 1);
+    for (size_t i = 0; i < count; ++i) {
+      sc.slots[sc.cursors[StripeOf(hashes[i])]++] = {hashes[i], static_cast<uint32_t>(base + i),
+                                                     kNoRow};
+    }
   }
-  batch->hashes = sc.hashes.data();
-  batch->order = sc.order.data();
+  batch->slots = sc.slots.data();
   batch->offsets = sc.offsets.data();
 }
 
 absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
                                               uint8_t* out, uint8_t* found, bool insert) {
-  Batch b;
-  GroupByStripe(keys, &b);
   Scratch& sc = LocalScratch();
-  sc.candidates.resize(keys.size());
-  sc.pending.clear();
   const size_t out_row = dim_ * DTypeSize(out_dtype);
   const uint32_t clock = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const size_t sub = SubBatchKeys(out_row);
   FindResult result;
+  size_t failed = 0;
 
-  for (uint32_t si = 0; si < num_stripes_; ++si) {
-    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
-    if (begin == end) continue;
-    Stripe& s = stripes_[si];
-    absl::ReaderMutexLock lock(&s.mu);
-    uint32_t* cand = sc.candidates.data();
-    if (s.size == 0) {
-      for (uint32_t k = begin; k < end; ++k) cand[k] = kNoRow;
-    } else {
-      // Pass 1: index probe with the index line of a later key in flight;
-      // prefetch the candidate record.
+  for (size_t base = 0; base < keys.size(); base += sub) {
+    const size_t count = std::min(sub, keys.size() - base);
+    Batch b;
+    GroupByStripe(keys, base, count, &b);
+    sc.pending.clear();
+    sc.index_views.resize(num_stripes_);
+    for (uint32_t si = 0; si < num_stripes_; ++si) {
+      sc.index_views[si] = {stripes_[si].index_view.load(std::memory_order_relaxed),
+                            stripes_[si].index_mask_view.load(std::memory_order_relaxed)};
+    }
+    // Three passes per stripe group, staggered so that each memory access
+    // was requested one pass earlier: (0) prefetch the index lines of the
+    // group (issued while the previous group copies), (1) probe the index
+    // and prefetch the candidate records, (2) confirm the keys and copy.
+    auto prefetch_index_lines = [&](uint32_t si) {
+      const auto& [index, mask] = sc.index_views[si];
+      if (!index) return;
+      for (uint32_t k = b.offsets[si]; k < b.offsets[si + 1]; ++k) {
+        Prefetch(index + (b.slots[k].hash & mask));
+      }
+    };
+    prefetch_index_lines(0);
+
+    for (uint32_t si = 0; si < num_stripes_; ++si) {
+      const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+      if (begin == end) continue;
+      Stripe& s = stripes_[si];
+      absl::ReaderMutexLock lock(&s.mu);
       for (uint32_t k = begin; k < end; ++k) {
-        if (k + kPrefetchDistance < end) {
-          Prefetch(&s.index[b.hashes[b.order[k + kPrefetchDistance]] & s.index_mask]);
-        }
-        const uint32_t r = FirstCandidate(s, b.hashes[b.order[k]]);
-        cand[k] = r;
-        if (r != kNoRow) {
-          const uint8_t* rec = Record(s, r);
+        Slot& slot = b.slots[k];
+        slot.row = s.size == 0 ? kNoRow : FirstCandidate(s, slot.hash);
+        if (slot.row != kNoRow) {
+          const uint8_t* rec = Record(s, slot.row);
           Prefetch(rec);
           Prefetch(rec + value_offset_ + value_bytes_ - 1);
         }
       }
-    }
-    // Pass 2: confirm the key (records are in cache by now) and copy.
-    for (uint32_t k = begin; k < end; ++k) {
-      const uint32_t pos = b.order[k];
-      const uint64_t key = keys[pos];
-      uint32_t r = cand[k];
-      if (r != kNoRow && RecordKey(Record(s, r)) != key) r = FindRow(s, key, b.hashes[pos]);
-      if (r != kNoRow) {
-        uint8_t* rec = Record(s, r);
-        CopyOut(rec, out_dtype, out + pos * out_row);
-        Touch(rec, clock);
-        if (found) found[pos] = 1;
-      } else if (insert) {
-        sc.pending.push_back(pos);
-      } else {
-        InitialRowOut(key, out_dtype, out + pos * out_row);
-        if (found) found[pos] = 0;
-        ++result.missing;
-      }
-    }
-  }
-
-  // Inserts, under the writer lock of each stripe that has missing keys.
-  size_t failed = 0;
-  for (size_t k = 0; k < sc.pending.size();) {
-    const uint32_t si = StripeOf(b.hashes[sc.pending[k]]);
-    Stripe& s = stripes_[si];
-    absl::MutexLock lock(&s.mu);
-    for (; k < sc.pending.size() && StripeOf(b.hashes[sc.pending[k]]) == si; ++k) {
-      const uint32_t pos = sc.pending[k];
-      const uint64_t key = keys[pos];
-      uint32_t r = FindRow(s, key, b.hashes[pos]);  // a duplicate or a racing insert
-      if (r == kNoRow) {
-        r = InsertRow(s, key, b.hashes[pos], clock);
-        if (r == kNoRow) {
-          InitialRowOut(key, out_dtype, out + pos * out_row);
-          ++failed;
-          continue;
+      if (si + 1 < num_stripes_) prefetch_index_lines(si + 1);
+      for (uint32_t k = begin; k < end; ++k) {
+        const Slot& slot = b.slots[k];
+        const uint64_t key = keys[slot.pos];
+        uint32_t r = slot.row;
+        if (r != kNoRow && RecordKey(Record(s, r)) != key) r = FindRow(s, key, slot.hash);
+        if (r != kNoRow) {
+          uint8_t* rec = Record(s, r);
+          CopyOut(rec, out_dtype, out + slot.pos * out_row);
+          Touch(rec, clock);
+          if (found) found[slot.pos] = 1;
+        } else if (insert) {
+          sc.pending.push_back(k);
+        } else {
+          InitialRowOut(key, out_dtype, out + slot.pos * out_row);
+          if (found) found[slot.pos] = 0;
+          ++result.missing;
         }
-        ++result.missing;
       }
-      uint8_t* rec = Record(s, r);
-      CopyOut(rec, out_dtype, out + pos * out_row);
-      Touch(rec, clock);
+    }
+
+    // Inserts, under the writer lock of each stripe that has missing keys.
+    for (size_t i = 0; i < sc.pending.size();) {
+      const uint32_t si = StripeOf(b.slots[sc.pending[i]].hash);
+      Stripe& s = stripes_[si];
+      absl::MutexLock lock(&s.mu);
+      for (; i < sc.pending.size() && StripeOf(b.slots[sc.pending[i]].hash) == si; ++i) {
+        const Slot& slot = b.slots[sc.pending[i]];
+        const uint64_t key = keys[slot.pos];
+        uint32_t r = FindRow(s, key, slot.hash);  // a duplicate or a racing insert
+        if (r == kNoRow) {
+          r = InsertRow(s, key, slot.hash, clock);
+          if (r == kNoRow) {
+            InitialRowOut(key, out_dtype, out + slot.pos * out_row);
+            ++failed;
+            continue;
+          }
+          ++result.missing;
+        }
+        uint8_t* rec = Record(s, r);
+        CopyOut(rec, out_dtype, out + slot.pos * out_row);
+        Touch(rec, clock);
+      }
     }
   }
   if (failed > 0) {
@@ -439,40 +483,45 @@ void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad) const {
 
 absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_t> keys,
                                                         DType grad_dtype, const uint8_t* grads) {
-  Batch b;
-  GroupByStripe(keys, &b);
-  Scratch& sc = LocalScratch();
-  sc.grad.resize(dim_);
-  float* g = sc.grad.data();
+  std::vector<float> g(dim_);
   const size_t grad_row = dim_ * DTypeSize(grad_dtype);
   const uint32_t clock = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Sub-batches must not split a key's duplicates (they are summed before
+  // one step), so pushes are grouped whole.
+  Batch b;
+  GroupByStripe(keys, 0, keys.size(), &b);
   PushResult result;
   size_t failed = 0;
 
-  for (uint32_t si = 0; si < num_stripes_; ++si) {
+  // Writers start at different stripes so that concurrent pushes spread out
+  // instead of queueing behind each other in stripe order.
+  const uint32_t start = clock & (num_stripes_ - 1);
+  for (uint32_t i = 0; i < num_stripes_; ++i) {
+    const uint32_t si = (start + i) & (num_stripes_ - 1);
     const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
     if (begin == end) continue;
     // Sort the stripe's keys, keeping request order among duplicates, so
     // that duplicates are summed in a fixed order.
-    sc.sorted.clear();
-    for (uint32_t k = begin; k < end; ++k) sc.sorted.emplace_back(keys[b.order[k]], b.order[k]);
-    std::sort(sc.sorted.begin(), sc.sorted.end());
+    std::sort(b.slots + begin, b.slots + end, [&](const Slot& x, const Slot& y) {
+      const uint64_t kx = keys[x.pos], ky = keys[y.pos];
+      return kx != ky ? kx < ky : x.pos < y.pos;
+    });
     Stripe& s = stripes_[si];
     absl::MutexLock lock(&s.mu);
-    for (size_t k = 0; k < sc.sorted.size();) {
-      const uint64_t key = sc.sorted[k].first;
-      const uint32_t first = sc.sorted[k].second;
-      if (k + kPrefetchDistance < sc.sorted.size() && s.index) {
-        Prefetch(&s.index[b.hashes[sc.sorted[k + kPrefetchDistance].second] & s.index_mask]);
+    for (uint32_t k = begin; k < end;) {
+      const Slot& first = b.slots[k];
+      const uint64_t key = keys[first.pos];
+      if (k + kPrefetchDistance < end && s.index) {
+        Prefetch(&s.index[b.slots[k + kPrefetchDistance].hash & s.index_mask]);
       }
-      ConvertElements(grads + first * grad_row, grad_dtype, g, DType::kFp32, dim_);
-      for (++k; k < sc.sorted.size() && sc.sorted[k].first == key; ++k) {
-        const uint8_t* more = grads + sc.sorted[k].second * grad_row;
+      ConvertElements(grads + first.pos * grad_row, grad_dtype, g.data(), DType::kFp32, dim_);
+      for (++k; k < end && keys[b.slots[k].pos] == key; ++k) {
+        const uint8_t* more = grads + b.slots[k].pos * grad_row;
         for (uint32_t j = 0; j < dim_; ++j) g[j] += LoadElement(more, grad_dtype, j);
       }
-      uint32_t r = FindRow(s, key, b.hashes[first]);
+      uint32_t r = FindRow(s, key, first.hash);
       if (r == kNoRow) {
-        r = InsertRow(s, key, b.hashes[first], clock);
+        r = InsertRow(s, key, first.hash, clock);
         if (r == kNoRow) {
           ++failed;
           continue;
@@ -480,7 +529,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
         ++result.inserted;
       }
       uint8_t* rec = Record(s, r);
-      ApplyOptimizer(rec, g);
+      ApplyOptimizer(rec, g.data());
       Touch(rec, clock);
       ++result.updated;
     }
@@ -495,20 +544,22 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
 }
 
 size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
-  Batch b;
-  GroupByStripe(keys, &b);
   size_t erased = 0;
-  for (uint32_t si = 0; si < num_stripes_; ++si) {
-    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
-    if (begin == end) continue;
-    Stripe& s = stripes_[si];
-    absl::MutexLock lock(&s.mu);
-    for (uint32_t k = begin; k < end; ++k) {
-      const uint32_t pos = b.order[k];
-      const uint32_t r = FindRow(s, keys[pos], b.hashes[pos]);
-      if (r == kNoRow) continue;
-      RemoveRow(s, r);
-      ++erased;
+  const size_t sub = SubBatchKeys(0);
+  for (size_t base = 0; base < keys.size(); base += sub) {
+    Batch b;
+    GroupByStripe(keys, base, std::min(sub, keys.size() - base), &b);
+    for (uint32_t si = 0; si < num_stripes_; ++si) {
+      const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+      if (begin == end) continue;
+      Stripe& s = stripes_[si];
+      absl::MutexLock lock(&s.mu);
+      for (uint32_t k = begin; k < end; ++k) {
+        const uint32_t r = FindRow(s, keys[b.slots[k].pos], b.slots[k].hash);
+        if (r == kNoRow) continue;
+        RemoveRow(s, r);
+        ++erased;
+      }
     }
   }
   return erased;
@@ -541,31 +592,34 @@ void CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* o
 }
 
 absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
-  Batch b;
-  GroupByStripe(rows.keys, &b);
   const uint32_t clock = clock_.load(std::memory_order_relaxed);
+  const absl::Span<const uint64_t> keys = rows.keys;
+  const size_t sub = SubBatchKeys(0);
   size_t failed = 0;
-  for (uint32_t si = 0; si < num_stripes_; ++si) {
-    const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
-    if (begin == end) continue;
-    Stripe& s = stripes_[si];
-    absl::MutexLock lock(&s.mu);
-    for (uint32_t k = begin; k < end; ++k) {
-      const uint32_t pos = b.order[k];
-      const uint64_t key = rows.keys[pos];
-      uint32_t r = FindRow(s, key, b.hashes[pos]);
-      if (r == kNoRow) r = InsertRow(s, key, b.hashes[pos], clock);
-      if (r == kNoRow) {
-        ++failed;
-        continue;
+  for (size_t base = 0; base < keys.size(); base += sub) {
+    Batch b;
+    GroupByStripe(keys, base, std::min(sub, keys.size() - base), &b);
+    for (uint32_t si = 0; si < num_stripes_; ++si) {
+      const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+      if (begin == end) continue;
+      Stripe& s = stripes_[si];
+      absl::MutexLock lock(&s.mu);
+      for (uint32_t k = begin; k < end; ++k) {
+        const uint32_t pos = b.slots[k].pos;
+        uint32_t r = FindRow(s, keys[pos], b.slots[k].hash);
+        if (r == kNoRow) r = InsertRow(s, keys[pos], b.slots[k].hash, clock);
+        if (r == kNoRow) {
+          ++failed;
+          continue;
+        }
+        uint8_t* rec = Record(s, r);
+        ConvertElements(rows.values.data() + pos * dim_, DType::kFp32, rec + value_offset_,
+                        dtype_, dim_);
+        std::copy_n(rows.state.data() + pos * state_floats_, state_floats_,
+                    reinterpret_cast<float*>(rec + state_offset_));
+        if (has_step_) *StepOf(rec) = rows.steps[pos];
+        *ScoreOf(rec) = rows.scores[pos];
       }
-      uint8_t* rec = Record(s, r);
-      ConvertElements(rows.values.data() + pos * dim_, DType::kFp32, rec + value_offset_, dtype_,
-                      dim_);
-      std::copy_n(rows.state.data() + pos * state_floats_, state_floats_,
-                  reinterpret_cast<float*>(rec + state_offset_));
-      if (has_step_) *StepOf(rec) = rows.steps[pos];
-      *ScoreOf(rec) = rows.scores[pos];
     }
   }
   if (failed > 0) {

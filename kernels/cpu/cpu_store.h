@@ -1,7 +1,7 @@
 // CpuStore: the host-memory EmbeddingStore.
 //
 // Design (see docs/design.md for the reasoning and the measurements):
-// - The table is split into lock stripes (1..256, a power of two, chosen from
+// - The table is split into lock stripes (1..64, a power of two, chosen from
 //   the capacity) by the top bits of StoreHash(key). Each stripe has its own
 //   reader/writer lock, so lookups share locks and never queue behind one
 //   table-wide lock; pushes lock only the stripes their keys fall in.
@@ -34,7 +34,7 @@ class CpuStore final : public EmbeddingStore {
  public:
   // Most rows one stripe can index (24-bit row numbers).
   static constexpr uint32_t kMaxRowsPerStripe = (1u << 24) - 1;
-  static constexpr uint32_t kMaxStripes = 256;
+  static constexpr uint32_t kMaxStripes = 64;
   // Rows sampled to choose an eviction victim.
   static constexpr uint32_t kEvictionSample = 16;
 
@@ -81,7 +81,9 @@ class CpuStore final : public EmbeddingStore {
   void CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const;
   void InitialRowOut(uint64_t key, DType out_dtype, uint8_t* out) const;
   void ApplyOptimizer(uint8_t* record, const float* grad) const;
-  void GroupByStripe(absl::Span<const uint64_t> keys, Batch* batch) const;
+  // Groups keys[base, base + count) by stripe into this thread's scratch.
+  void GroupByStripe(absl::Span<const uint64_t> keys, size_t base, size_t count,
+                     Batch* batch) const;
 
   const uint32_t dim_;
   const DType dtype_;
