@@ -47,7 +47,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
                                 v1::CreateTableResponse* response) {
   EMBER_ASSIGN_OR_RETURN(v1::TableConfig normalized, NormalizeTableConfig(requested));
   EMBER_ASSIGN_OR_RETURN(TableConfig config, TableConfigFromProto(normalized));
-  absl::MutexLock lock(&mu_);
+  WriterLock lock(&mu_);
   if (auto it = tables_.find(normalized.name()); it != tables_.end()) {
     const std::string diff = TableConfigDifference(it->second->config, normalized);
     if (!diff.empty()) {
@@ -68,7 +68,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
 
 absl::Status Shard::DropTable(absl::string_view name) {
   std::shared_ptr<Table> dropped;  // freed outside the lock
-  absl::MutexLock lock(&mu_);
+  WriterLock lock(&mu_);
   auto it = tables_.find(name);
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("table '", name, "' not found"));
@@ -81,7 +81,7 @@ absl::Status Shard::DropTable(absl::string_view name) {
 void Shard::ListTables(v1::ListTablesResponse* response) const {
   std::vector<std::shared_ptr<Table>> tables;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderLock lock(&mu_);
     for (const auto& [name, table] : tables_) tables.push_back(table);
   }
   std::sort(tables.begin(), tables.end(),
@@ -128,7 +128,7 @@ absl::Status Shard::Resolve(absl::string_view field, const std::string& table_na
                             std::vector<Resolved>* resolved) {
   Resolved r;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderLock lock(&mu_);
     auto it = tables_.find(table_name);
     if (it == tables_.end()) {
       return absl::NotFoundError(

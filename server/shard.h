@@ -18,7 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/rw_mutex.h"
 #include "absl/time/clock.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
@@ -81,7 +81,7 @@ class Shard {
 
   const ShardOptions options_;
   const absl::Time start_time_ = absl::Now();
-  mutable absl::Mutex mu_;
+  mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -8,7 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/rw_mutex.h"
 #include "common/key_hash.h"
 #include "kernels/initializer_math.h"
 #include "kernels/optimizer_math.h"
@@ -72,7 +72,7 @@ size_t SubBatchKeys(size_t row_bytes) {
 }  // namespace
 
 struct alignas(64) CpuStore::Stripe {
-  mutable absl::Mutex mu;
+  mutable RwMutex mu;
   // Open-addressing index; index_mask + 1 entries, a power of two.
   std::unique_ptr<uint32_t[]> index ABSL_GUARDED_BY(mu);
   size_t index_mask ABSL_GUARDED_BY(mu) = 0;
@@ -393,7 +393,7 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
       const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
       if (begin == end) continue;
       Stripe& s = stripes_[si];
-      absl::ReaderMutexLock lock(&s.mu);
+      ReaderLock lock(&s.mu);
       for (uint32_t k = begin; k < end; ++k) {
         Slot& slot = b.slots[k];
         slot.row = s.size == 0 ? kNoRow : FirstCandidate(s, slot.hash);
@@ -428,7 +428,7 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
     for (size_t i = 0; i < sc.pending.size();) {
       const uint32_t si = StripeOf(b.slots[sc.pending[i]].hash);
       Stripe& s = stripes_[si];
-      absl::MutexLock lock(&s.mu);
+      WriterLock lock(&s.mu);
       for (; i < sc.pending.size() && StripeOf(b.slots[sc.pending[i]].hash) == si; ++i) {
         const Slot& slot = b.slots[sc.pending[i]];
         const uint64_t key = keys[slot.pos];
@@ -507,7 +507,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
       return kx != ky ? kx < ky : x.pos < y.pos;
     });
     Stripe& s = stripes_[si];
-    absl::MutexLock lock(&s.mu);
+    WriterLock lock(&s.mu);
     for (uint32_t k = begin; k < end;) {
       const Slot& first = b.slots[k];
       const uint64_t key = keys[first.pos];
@@ -553,7 +553,7 @@ size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
       const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
       if (begin == end) continue;
       Stripe& s = stripes_[si];
-      absl::MutexLock lock(&s.mu);
+      WriterLock lock(&s.mu);
       for (uint32_t k = begin; k < end; ++k) {
         const uint32_t r = FindRow(s, keys[b.slots[k].pos], b.slots[k].hash);
         if (r == kNoRow) continue;
@@ -570,7 +570,7 @@ void CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* o
   uint32_t row = static_cast<uint32_t>(cursor->position);
   while (si < num_stripes_ && out->keys.size() < max_rows) {
     Stripe& s = stripes_[si];
-    absl::ReaderMutexLock lock(&s.mu);
+    ReaderLock lock(&s.mu);
     for (; row < s.size && out->keys.size() < max_rows; ++row) {
       uint8_t* rec = Record(s, row);
       out->keys.push_back(RecordKey(rec));
@@ -603,7 +603,7 @@ absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
       const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
       if (begin == end) continue;
       Stripe& s = stripes_[si];
-      absl::MutexLock lock(&s.mu);
+      WriterLock lock(&s.mu);
       for (uint32_t k = begin; k < end; ++k) {
         const uint32_t pos = b.slots[k].pos;
         uint32_t r = FindRow(s, keys[pos], b.slots[k].hash);

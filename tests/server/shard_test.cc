@@ -3,7 +3,9 @@
 // changes nothing.
 #include "server/shard.h"
 
+#include <atomic>
 #include <limits>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tests/server/requests.h"
@@ -239,6 +241,43 @@ TEST_F(ShardTest, UnknownDtypeAndNegativeStepAreRejected) {
   v1::PushResponse presp;
   push.set_step(-1);
   ExpectError(shard_.Push(push, &presp), absl::StatusCode::kInvalidArgument, {"'step'", "-1"});
+}
+
+TEST_F(ShardTest, ConcurrentTrafficWhileTablesAreCreatedAndDroppedNeverFails) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> unexpected{0}, served_tmp{0};
+  std::thread admin([&] {
+    for (int i = 0; i < 200; ++i) {
+      v1::CreateTableResponse r;
+      if (!shard_.CreateTable(AdagradTable("tmp", 4), &r).ok()) ++unexpected;
+      if (!shard_.DropTable("tmp").ok()) ++unexpected;
+    }
+    stop = true;
+  });
+  std::vector<std::thread> traffic;
+  for (int t = 0; t < 3; ++t) {
+    traffic.emplace_back([&] {
+      while (!stop) {
+        v1::PushRequest push;
+        v1::PushResponse presp;
+        AddGradients(&push, "user", keys_, std::vector<float>(keys_.size() * 4, 0.1f));
+        if (!shard_.Push(push, &presp).ok()) ++unexpected;
+        v1::LookupRequest req;
+        v1::LookupResponse resp;
+        AddLookup(&req, "tmp", keys_);
+        absl::Status s = shard_.Lookup(req, &resp);
+        if (s.ok()) {
+          ++served_tmp;
+        } else if (s.code() != absl::StatusCode::kNotFound) {
+          ++unexpected;
+        }
+      }
+    });
+  }
+  admin.join();
+  for (auto& t : traffic) t.join();
+  EXPECT_EQ(unexpected.load(), 0);
+  EXPECT_EQ(StoredRows("user"), keys_.size());
 }
 
 TEST(ShardOptionsTest, InvalidOptionsAreRejected) {

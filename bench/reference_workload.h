@@ -1,0 +1,60 @@
+// The reference workload of WORKLOAD.md ("the 17-feature trainer"): its
+// features, their cardinalities and hotness, and a Zipf id sampler.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/key_hash.h"
+
+namespace ember::bench {
+
+struct Feature {
+  std::string table;
+  uint64_t cardinality;
+  int min_ids;  // ids per example: uniform in [min_ids, max_ids]
+  int max_ids;
+};
+
+// The 17 features; `scale_down` divides every cardinality (100 gives the
+// smaller variant tests use).
+inline std::vector<Feature> ReferenceFeatures(uint64_t scale_down = 1) {
+  const uint64_t cards[17] = {10'000'000, 5'000'000, 2'000'000, 1'000'000, 1'000'000, 500'000,
+                              200'000,    100'000,   50'000,    20'000,    10'000,    5'000,
+                              1'000,      500,       100,       50,        10};
+  std::vector<Feature> f;
+  for (int i = 0; i < 17; ++i) {
+    const uint64_t c = std::max<uint64_t>(1, cards[i] / scale_down);
+    f.push_back({"feature_" + std::to_string(i), c, 1, i < 12 ? 1 : 8});
+  }
+  return f;
+}
+
+// Zipf-like ids in [0, n) with exponent s (!= 1), by inverting the CDF of the
+// continuous power law: rank 0 is the most frequent. Cheap and stateless
+// beyond n and s; close to the discrete Zipf for the head that matters here.
+class ZipfSampler {
+ public:
+  ZipfSampler(uint64_t n, double s) : n_(n), s_(s), a_(std::pow(double(n) + 1, 1 - s) - 1) {}
+  template <typename Rng>
+  uint64_t operator()(Rng& rng) const {
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    const double x = std::pow(a_ * u + 1, 1 / (1 - s_)) - 1;
+    return std::min<uint64_t>(n_ - 1, static_cast<uint64_t>(x));
+  }
+
+ private:
+  uint64_t n_;
+  double s_;
+  double a_;
+};
+
+// The uint64 key of id `id` of feature `feature` ("ids hashed to uint64 keys").
+inline uint64_t FeatureKey(int feature, uint64_t id) {
+  return Mix64((static_cast<uint64_t>(feature) << 56) ^ id);
+}
+
+}  // namespace ember::bench

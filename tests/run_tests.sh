@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, builds, runs every CTest test
+# (unit, integration with real ember-server processes; GPU tests skip without
+# a GPU), then the concurrency tests again under ThreadSanitizer.
+#   bash tests/run_tests.sh          # everything
+#   EMBER_SKIP_TSAN=1 bash tests/run_tests.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash deploy/install-deps.sh
+bash scripts/build.sh
+(cd build && ctest --output-on-failure -j "$(nproc)")
+
+if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
+  echo "== ThreadSanitizer: store and shard concurrency tests"
+  EMBER_BUILD_DIR=build-tsan EMBER_TARGETS="store_test shard_test" scripts/build.sh \
+    -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+  TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
+  TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/shard_test
+fi
+echo "== all tests passed"
