@@ -13,7 +13,8 @@ ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on (0.0.0.0 in c
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one and prints it.");
 ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index, 0 <= shard_index < shard_count.");
 ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards in the cluster.");
-ABSL_FLAG(int, worker_threads, 4, "gRPC threads serving requests.");
+ABSL_FLAG(int, worker_threads, 4,
+          "gRPC threads polling for requests; more start while all are busy.");
 ABSL_FLAG(std::string, table_config_file, "",
           "Optional text-format ember.v1.TableConfigList created at start-up.");
 ABSL_FLAG(uint64_t, max_keys_per_request, uint64_t{8} << 20,

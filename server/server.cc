@@ -78,11 +78,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       std::min<uint64_t>(options.shard.max_message_bytes, std::numeric_limits<int>::max()));
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
-  grpc::ResourceQuota quota("ember-server");
-  quota.SetMaxThreads(options.worker_threads + 2);  // + the pollers' bookkeeping
-  builder.SetResourceQuota(quota);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+  // No thread quota: a sync gRPC server out of quota answers new calls with
+  // RESOURCE_EXHAUSTED instead of queueing them. worker_threads threads poll
+  // for calls; gRPC adds threads while all of them are busy.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS,
                               options.worker_threads);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              std::max(options.worker_threads, 2) * 2);
   server->grpc_server_ = builder.BuildAndStart();
   if (!server->grpc_server_ || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", target));

@@ -20,7 +20,7 @@ struct ServerOptions {
   std::string address = "127.0.0.1";
   // TCP port; 0 picks a free one (see Server::port()).
   int port = 50051;
-  // gRPC worker threads serving requests.
+  // gRPC threads polling for requests (gRPC starts more while all are busy).
   int worker_threads = 4;
   // Optional: protobuf text file with an ember.v1.TableConfigList whose
   // tables are created at start-up.

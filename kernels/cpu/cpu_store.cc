@@ -19,10 +19,12 @@ namespace {
 constexpr uint32_t kNoRow = 0xffffffffu;
 constexpr size_t kMinIndexSize = 16;
 // Rows per record chunk: about 1/16 of a stripe's capacity, so a full stripe
-// has ~16 chunks (a chunk table that stays in cache) and wastes at most one
-// partly used chunk; 1024 rows for tables without a capacity.
+// has ~16 chunks (a chunk table that stays in cache), and at most 256 KiB, so
+// the one partly used chunk per stripe wastes little; 1024 rows for tables
+// without a capacity.
 constexpr size_t kMinChunkRows = 16;
 constexpr size_t kMaxChunkRows = 4096;
+constexpr size_t kMaxChunkBytes = 256 * 1024;
 // Keys ahead whose index line a push prefetches while it updates a row.
 constexpr size_t kPrefetchDistance = 12;
 
@@ -77,8 +79,8 @@ struct alignas(64) CpuStore::Stripe {
   std::unique_ptr<uint32_t[]> index ABSL_GUARDED_BY(mu);
   size_t index_mask ABSL_GUARDED_BY(mu) = 0;
   // Copies of index/index_mask readable without the lock, used only to
-  // prefetch the index lines of keys in the next stripe of a batch (a stale
-  // address is harmless to a prefetch).
+  // prefetch the index lines of the next stripe's keys (a stale address is
+  // harmless to a prefetch).
   std::atomic<const uint32_t*> index_view{nullptr};
   std::atomic<size_t> index_mask_view{0};
   // Dense row records, rows [0, size), in chunks of 1 << chunk_shift_ rows.
@@ -127,8 +129,9 @@ CpuStore::CpuStore(const TableConfig& config)
   const uint32_t bits = static_cast<uint32_t>(std::countr_zero(num_stripes_));
   stripe_shift_ = bits == 0 ? 64 : 64 - bits;
   const uint64_t per_stripe = config.capacity == 0 ? 16 * 1024 : config.capacity / num_stripes_;
-  const size_t rows_per_chunk =
-      std::clamp<size_t>(std::bit_floor(per_stripe / 16 + 1), kMinChunkRows, kMaxChunkRows);
+  const size_t rows_per_chunk = std::clamp<size_t>(
+      std::bit_floor(std::min<uint64_t>(per_stripe / 16, kMaxChunkBytes / stride_) + 1),
+      kMinChunkRows, kMaxChunkRows);
   chunk_shift_ = static_cast<uint32_t>(std::countr_zero(rows_per_chunk));
   stripes_ = std::make_unique<Stripe[]>(num_stripes_);
   for (uint32_t i = 0; i < num_stripes_; ++i) {
@@ -394,13 +397,29 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
       if (begin == end) continue;
       Stripe& s = stripes_[si];
       ReaderLock lock(&s.mu);
-      for (uint32_t k = begin; k < end; ++k) {
-        Slot& slot = b.slots[k];
-        slot.row = s.size == 0 ? kNoRow : FirstCandidate(s, slot.hash);
-        if (slot.row != kNoRow) {
-          const uint8_t* rec = Record(s, slot.row);
-          Prefetch(rec);
-          Prefetch(rec + value_offset_ + value_bytes_ - 1);
+      if (s.size == 0) {
+        for (uint32_t k = begin; k < end; ++k) b.slots[k].row = kNoRow;
+      } else {
+        // (1a) Load each key's home index entry: a tight loop of independent
+        // loads, so many index misses are in flight at once.
+        for (uint32_t k = begin; k < end; ++k) {
+          b.slots[k].row = s.index[b.slots[k].hash & s.index_mask];
+        }
+        // (1b) Turn entries into candidate rows (probing on where the home
+        // entry is another key's) and prefetch the records.
+        for (uint32_t k = begin; k < end; ++k) {
+          Slot& slot = b.slots[k];
+          const uint32_t e = slot.row;
+          if (e == 0) {
+            slot.row = kNoRow;
+            continue;
+          }
+          slot.row = (e & 0xffu) == TagOf(slot.hash) ? EntryRow(e) : FirstCandidate(s, slot.hash);
+          if (slot.row != kNoRow) {
+            const uint8_t* rec = Record(s, slot.row);
+            Prefetch(rec);
+            Prefetch(rec + value_offset_ + value_bytes_ - 1);
+          }
         }
       }
       if (si + 1 < num_stripes_) prefetch_index_lines(si + 1);
@@ -457,33 +476,38 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
   return result;
 }
 
-void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad) const {
+void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad, float* scratch) const {
   const OptimizerConfig& o = config().optimizer;
-  void* value = record + value_offset_;
+  // fp32 rows are updated in place; half-precision rows through `scratch`.
+  float* w = dtype_ == DType::kFp32 ? reinterpret_cast<float*>(record + value_offset_) : scratch;
+  if (w == scratch) ConvertElements(record + value_offset_, dtype_, w, DType::kFp32, dim_);
   float* state = reinterpret_cast<float*>(record + state_offset_);
-  float step_size = 0.0f;
-  if (o.kind == OptimizerKind::kAdam) {
-    uint32_t* step = StepOf(record);
-    if (*step != 0xffffffffu) ++*step;
-    step_size = opt::AdamStepSize(o, *step);
-  }
-  for (uint32_t j = 0; j < dim_; ++j) {
-    float w = LoadElement(value, dtype_, j);
-    switch (o.kind) {
-      case OptimizerKind::kSgd: opt::Sgd(o, grad[j], w); break;
-      case OptimizerKind::kAdagrad: opt::Adagrad(o, grad[j], w, state[j]); break;
-      case OptimizerKind::kAdam:
-        opt::Adam(o, step_size, grad[j], w, state[j], state[dim_ + j]);
-        break;
-      case OptimizerKind::kFtrl: opt::Ftrl(o, grad[j], w, state[j], state[dim_ + j]); break;
+  switch (o.kind) {
+    case OptimizerKind::kSgd:
+      for (uint32_t j = 0; j < dim_; ++j) opt::Sgd(o, grad[j], w[j]);
+      break;
+    case OptimizerKind::kAdagrad:
+      for (uint32_t j = 0; j < dim_; ++j) opt::Adagrad(o, grad[j], w[j], state[j]);
+      break;
+    case OptimizerKind::kAdam: {
+      uint32_t* step = StepOf(record);
+      if (*step != 0xffffffffu) ++*step;
+      const float step_size = opt::AdamStepSize(o, *step);
+      for (uint32_t j = 0; j < dim_; ++j) {
+        opt::Adam(o, step_size, grad[j], w[j], state[j], state[dim_ + j]);
+      }
+      break;
     }
-    StoreElement(value, dtype_, j, w);
+    case OptimizerKind::kFtrl:
+      for (uint32_t j = 0; j < dim_; ++j) opt::Ftrl(o, grad[j], w[j], state[j], state[dim_ + j]);
+      break;
   }
+  if (w == scratch) ConvertElements(w, DType::kFp32, record + value_offset_, dtype_, dim_);
 }
 
 absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_t> keys,
                                                         DType grad_dtype, const uint8_t* grads) {
-  std::vector<float> g(dim_);
+  std::vector<float> g(dim_), scratch(dim_);
   const size_t grad_row = dim_ * DTypeSize(grad_dtype);
   const uint32_t clock = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   // Sub-batches must not split a key's duplicates (they are summed before
@@ -529,7 +553,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
         ++result.inserted;
       }
       uint8_t* rec = Record(s, r);
-      ApplyOptimizer(rec, g.data());
+      ApplyOptimizer(rec, g.data(), scratch.data());
       Touch(rec, clock);
       ++result.updated;
     }
@@ -543,8 +567,8 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
   return result;
 }
 
-size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
-  size_t erased = 0;
+template <typename Fn>
+void CpuStore::ForEachKeyLocked(absl::Span<const uint64_t> keys, Fn fn) {
   const size_t sub = SubBatchKeys(0);
   for (size_t base = 0; base < keys.size(); base += sub) {
     Batch b;
@@ -554,14 +578,19 @@ size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
       if (begin == end) continue;
       Stripe& s = stripes_[si];
       WriterLock lock(&s.mu);
-      for (uint32_t k = begin; k < end; ++k) {
-        const uint32_t r = FindRow(s, keys[b.slots[k].pos], b.slots[k].hash);
-        if (r == kNoRow) continue;
-        RemoveRow(s, r);
-        ++erased;
-      }
+      for (uint32_t k = begin; k < end; ++k) fn(s, b.slots[k]);
     }
   }
+}
+
+size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
+  size_t erased = 0;
+  ForEachKeyLocked(keys, [&](Stripe& s, const Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const uint32_t r = FindRow(s, keys[slot.pos], slot.hash);
+    if (r == kNoRow) return;
+    RemoveRow(s, r);
+    ++erased;
+  });
   return erased;
 }
 
@@ -593,35 +622,23 @@ void CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* o
 
 absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
   const uint32_t clock = clock_.load(std::memory_order_relaxed);
-  const absl::Span<const uint64_t> keys = rows.keys;
-  const size_t sub = SubBatchKeys(0);
   size_t failed = 0;
-  for (size_t base = 0; base < keys.size(); base += sub) {
-    Batch b;
-    GroupByStripe(keys, base, std::min(sub, keys.size() - base), &b);
-    for (uint32_t si = 0; si < num_stripes_; ++si) {
-      const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
-      if (begin == end) continue;
-      Stripe& s = stripes_[si];
-      WriterLock lock(&s.mu);
-      for (uint32_t k = begin; k < end; ++k) {
-        const uint32_t pos = b.slots[k].pos;
-        uint32_t r = FindRow(s, keys[pos], b.slots[k].hash);
-        if (r == kNoRow) r = InsertRow(s, keys[pos], b.slots[k].hash, clock);
-        if (r == kNoRow) {
-          ++failed;
-          continue;
-        }
-        uint8_t* rec = Record(s, r);
-        ConvertElements(rows.values.data() + pos * dim_, DType::kFp32, rec + value_offset_,
-                        dtype_, dim_);
-        std::copy_n(rows.state.data() + pos * state_floats_, state_floats_,
-                    reinterpret_cast<float*>(rec + state_offset_));
-        if (has_step_) *StepOf(rec) = rows.steps[pos];
-        *ScoreOf(rec) = rows.scores[pos];
-      }
+  ForEachKeyLocked(rows.keys, [&](Stripe& s, const Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const uint64_t key = rows.keys[slot.pos];
+    uint32_t r = FindRow(s, key, slot.hash);
+    if (r == kNoRow) r = InsertRow(s, key, slot.hash, clock);
+    if (r == kNoRow) {
+      ++failed;
+      return;
     }
-  }
+    uint8_t* rec = Record(s, r);
+    ConvertElements(rows.values.data() + slot.pos * dim_, DType::kFp32, rec + value_offset_,
+                    dtype_, dim_);
+    std::copy_n(rows.state.data() + slot.pos * state_floats_, state_floats_,
+                reinterpret_cast<float*>(rec + state_offset_));
+    if (has_step_) *StepOf(rec) = rows.steps[slot.pos];
+    *ScoreOf(rec) = rows.scores[slot.pos];
+  });
   if (failed > 0) {
     return absl::ResourceExhaustedError(absl::StrCat("table '", config().name, "' is full: ",
                                                      failed, " imported rows not inserted"));

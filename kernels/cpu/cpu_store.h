@@ -10,9 +10,11 @@
 //   array of row records kept in fixed-size chunks. A record is
 //   [key | score | step (Adam only) | row | optimizer state], so a lookup
 //   touches one index line and one record.
-// - A batch is grouped by stripe, and each stripe's keys are probed with
-//   software prefetching of index lines and records, which is where the
-//   speed over a node-based map comes from.
+// - A lookup batch is cut into L2-sized sub-batches sorted by stripe; each
+//   stripe's keys go through short, independent passes (probe the index and
+//   prefetch the record; then confirm and copy), so the CPU keeps many
+//   misses in flight. That is where the speed over a node-based map comes
+//   from.
 // - Capacity is split evenly over the stripes; a full stripe evicts the row
 //   with the lowest score among 16 sampled rows (all of them when it holds
 //   16 or fewer, which makes eviction exact for small tables).
@@ -80,7 +82,12 @@ class CpuStore final : public EmbeddingStore {
   void Touch(uint8_t* record, uint32_t clock) const;
   void CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const;
   void InitialRowOut(uint64_t key, DType out_dtype, uint8_t* out) const;
-  void ApplyOptimizer(uint8_t* record, const float* grad) const;
+  // One optimizer step on a record; `scratch` holds dim floats.
+  void ApplyOptimizer(uint8_t* record, const float* grad, float* scratch) const;
+  // Calls fn(stripe, slot) for every key, sub-batch by sub-batch, with the
+  // key's stripe locked exclusively.
+  template <typename Fn>
+  void ForEachKeyLocked(absl::Span<const uint64_t> keys, Fn fn);
   // Groups keys[base, base + count) by stripe into this thread's scratch.
   void GroupByStripe(absl::Span<const uint64_t> keys, size_t base, size_t count,
                      Batch* batch) const;

@@ -121,6 +121,43 @@ TEST_F(ServerIntegrationTest, HealthServiceReportsServing) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
 }
 
+TEST_F(ServerIntegrationTest, ReflectionListsTheEmberServices) {
+  // ServerReflectionRequest{list_services: ""} is field 7, length 0.
+  grpc::GenericStub stub(channel_);
+  grpc::CompletionQueue cq;
+  auto ctx = Context();
+  auto call = stub.PrepareCall(ctx.get(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](void* t) {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, t);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(step(reinterpret_cast<void*>(1)));
+  grpc::Slice request_slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&request_slice, 1);
+  call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  ASSERT_TRUE(step(reinterpret_cast<void*>(2)));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(step(reinterpret_cast<void*>(3)));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  step(reinterpret_cast<void*>(4));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_NE(bytes.find("ember.v1.EmbeddingService"), std::string::npos);
+  EXPECT_NE(bytes.find("ember.v1.AdminService"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+}
+
 TEST_F(ServerIntegrationTest, ShardInfoReportsIdentityRoutingAndLimits) {
   v1::GetShardInfoResponse info;
   ASSERT_TRUE(admin_->GetShardInfo(Context().get(), {}, &info).ok());
