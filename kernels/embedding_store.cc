@@ -70,6 +70,13 @@ absl::StatusOr<PushResult> EmbeddingStore::ApplyGradients(absl::Span<const uint6
   return ApplyGradientsImpl(keys, grad_dtype, grads.data());
 }
 
+absl::StatusOr<PushResult> EmbeddingStore::ApplyValidatedGradients(
+    absl::Span<const uint64_t> keys, DType grad_dtype, absl::Span<const uint8_t> grads) {
+  EMBER_RETURN_IF_ERROR(ValidateRowBuffer("gradients", keys.size(), grad_dtype, grads.size()));
+  if (keys.empty()) return PushResult{};
+  return ApplyGradientsImpl(keys, grad_dtype, grads.data());
+}
+
 absl::StatusOr<size_t> EmbeddingStore::Erase(absl::Span<const uint64_t> keys) {
   if (keys.empty()) return 0;
   return EraseImpl(keys);

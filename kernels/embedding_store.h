@@ -123,6 +123,13 @@ class EmbeddingStore {
   absl::Status ValidateGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
                                  absl::Span<const uint8_t> grads) const;
 
+  // ApplyGradients for a caller that has already had ValidateGradients
+  // accept exactly these arguments: only the (cheap) shape checks are
+  // repeated, not the scan of every gradient value.
+  absl::StatusOr<PushResult> ApplyValidatedGradients(absl::Span<const uint64_t> keys,
+                                                     DType grad_dtype,
+                                                     absl::Span<const uint8_t> grads);
+
  protected:
   explicit EmbeddingStore(TableConfig config) : config_(std::move(config)) {}
 

@@ -220,7 +220,7 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
   for (int i = 0; i < request.tables_size(); ++i) {
     const Resolved& r = resolved[i];
     const std::string& grads = request.tables(i).gradients();
-    absl::StatusOr<PushResult> pushed = r.table->store->ApplyGradients(
+    absl::StatusOr<PushResult> pushed = r.table->store->ApplyValidatedGradients(
         r.keys, r.dtype, {reinterpret_cast<const uint8_t*>(grads.data()), grads.size()});
     if (!pushed.ok()) return pushed.status();
     v1::TablePushResult* out = response->add_tables();

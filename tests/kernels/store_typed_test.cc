@@ -138,6 +138,20 @@ TYPED_TEST(StoreTest, NonFiniteGradientIsRejectedAndChangesNothing) {
   EXPECT_EQ(this->FindRows(*store, keys), rows_before);
 }
 
+TYPED_TEST(StoreTest, PreValidatedPushStillChecksShapesAndAppliesLikeApplyGradients) {
+  auto store = this->MakeStore(SmallTable(2));
+  auto other = this->MakeStore(SmallTable(2));
+  std::vector<uint64_t> keys = {4, 5};
+  std::vector<float> grads = {1, 2, 3, 4};
+  ASSERT_OK(store->ValidateGradients(keys, DType::kFp32, Bytes(grads)));
+  ASSERT_OK(store->ApplyValidatedGradients(keys, DType::kFp32, Bytes(grads)));
+  ASSERT_OK(other->ApplyGradients(keys, DType::kFp32, Bytes(grads)));
+  EXPECT_EQ(this->FindRows(*store, keys), this->FindRows(*other, keys));
+  std::vector<float> short_grads = {1, 2, 3};
+  EXPECT_EQ(store->ApplyValidatedGradients(keys, DType::kFp32, Bytes(short_grads)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TYPED_TEST(StoreTest, DuplicateKeysInOnePushAreSummedBeforeOneOptimizerStep) {
   TableConfig c = SmallTable(1);
   c.initializer.kind = InitializerKind::kConstant;
