@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds, runs every CTest test
 # (unit, integration with real ember-server processes; GPU tests skip without
-# a GPU), then the concurrency tests again under ThreadSanitizer.
+# a GPU), then the concurrency tests again under ThreadSanitizer, and the
+# store, shard and server integration tests under AddressSanitizer + UBSan.
 #   bash tests/run_tests.sh          # everything
-#   EMBER_SKIP_TSAN=1 bash tests/run_tests.sh
+#   EMBER_SKIP_TSAN=1 EMBER_SKIP_ASAN=1 bash tests/run_tests.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,5 +18,14 @@ if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
     -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/shard_test
+fi
+if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
+  echo "== AddressSanitizer + UBSan: store, shard and server integration tests"
+  EMBER_BUILD_DIR=build-asan EMBER_TARGETS="store_test shard_test server_integration_test" \
+    scripts/build.sh -DEMBER_ASAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+  build-asan/tests/store_test
+  build-asan/tests/shard_test
+  build-asan/tests/server_integration_test
 fi
 echo "== all tests passed"
