@@ -1,5 +1,6 @@
 #include "server/embedding_service.h"
 
+#include "absl/time/time.h"
 #include "server/grpc_status.h"
 
 namespace ember {
@@ -16,7 +17,11 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           const v1::LookupRequest* request,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
-  return ToGrpcStatus(shard_->Lookup(*request, response));
+  // The deadline also bounds the wait for the consistency clock.
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(context->deadline());
+  return ToGrpcStatus(shard_->Lookup(*request, response, deadline));
 }
 
 grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
@@ -24,6 +29,19 @@ grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         v1::PushResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
   return ToGrpcStatus(shard_->Push(*request, response));
+}
+
+grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext*,
+                                                  const v1::RegisterWorkerRequest* request,
+                                                  v1::RegisterWorkerResponse* response) {
+  return ToGrpcStatus(shard_->RegisterWorker(*request, response));
+}
+
+grpc::Status EmbeddingServiceImpl::UnregisterWorker(grpc::ServerContext*,
+                                                    const v1::UnregisterWorkerRequest* request,
+                                                    v1::UnregisterWorkerResponse* response) {
+  shard_->UnregisterWorker(*request, response);
+  return grpc::Status::OK;
 }
 
 }  // namespace ember

@@ -21,6 +21,8 @@ ABSL_FLAG(uint64_t, max_keys_per_request, uint64_t{8} << 20,
           "Most keys one Lookup or Push may carry.");
 ABSL_FLAG(uint64_t, max_message_bytes, uint64_t{256} << 20,
           "Largest request or response message in bytes.");
+ABSL_FLAG(absl::Duration, max_ssp_wait, absl::Seconds(60),
+          "Longest a lookup waits for slower workers' pushes (SSP), e.g. 30s.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
           "On SIGTERM/SIGINT, how long in-flight calls may finish.");
 
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
 
   // Block the stop signals in every thread (gRPC's threads inherit the mask)
   // and take them synchronously below.

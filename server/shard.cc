@@ -25,6 +25,10 @@ absl::Status ShardOptions::Validate() const {
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("max_keys_per_request: expected >= 1, received 0");
   }
+  if (max_ssp_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("max_ssp_wait: expected >= 0, received ",
+                                                   absl::FormatDuration(max_ssp_wait)));
+  }
   if (max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected >= 1024, received ", max_message_bytes));
@@ -155,7 +159,28 @@ absl::Status Shard::Resolve(absl::string_view field, const std::string& table_na
   return absl::OkStatus();
 }
 
-absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse* response) {
+absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,
+                                   v1::RegisterWorkerResponse* response) {
+  if (request.first_step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", request.worker_id(), " field 'first_step': expected >= 0, received ",
+        request.first_step()));
+  }
+  response->set_registered_workers(clock_.Register(request.worker_id(), request.first_step()));
+  return absl::OkStatus();
+}
+
+void Shard::UnregisterWorker(const v1::UnregisterWorkerRequest& request,
+                             v1::UnregisterWorkerResponse* response) {
+  response->set_was_registered(clock_.Unregister(request.worker_id()));
+}
+
+absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
+                           absl::Time deadline) {
+  if (request.has_step() && request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'step': expected >= 0, received ", request.step()));
+  }
   uint64_t total_keys = 0;
   for (const v1::TableLookup& t : request.tables()) total_keys += t.keys().size() / 8;
   EMBER_RETURN_IF_ERROR(CheckKeyCount(total_keys));
@@ -175,6 +200,15 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
     return absl::ResourceExhaustedError(
         absl::StrCat("response would be ", response_bytes,
                      " bytes of rows, limit max_message_bytes is ", options_.max_message_bytes));
+  }
+  if (request.has_step()) {
+    const int64_t required = request.step() - int64_t{request.staleness()} - 1;
+    if (required >= 0) {
+      EMBER_RETURN_IF_ERROR(clock_.WaitFor(
+          required, std::min(deadline, absl::Now() + options_.max_ssp_wait),
+          absl::StrCat("lookup of worker ", request.worker_id(), " for step ", request.step(),
+                       " with staleness ", request.staleness())));
+    }
   }
 
   for (int i = 0; i < request.tables_size(); ++i) {
@@ -217,6 +251,19 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
         {reinterpret_cast<const uint8_t*>(t.gradients().data()), t.gradients().size()}));
   }
 
+  SspClock::Claim claim;
+  EMBER_RETURN_IF_ERROR(clock_.Begin(request.worker_id(), request.step(), &claim));
+  if (claim == SspClock::Claim::kDuplicate) {
+    response->set_duplicate(true);
+    return absl::OkStatus();
+  }
+  absl::Status applied = Apply(request, resolved, response);
+  if (claim == SspClock::Claim::kClaimed) clock_.End(request.worker_id(), request.step(), applied.ok());
+  return applied;
+}
+
+absl::Status Shard::Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
+                          v1::PushResponse* response) {
   for (int i = 0; i < request.tables_size(); ++i) {
     const Resolved& r = resolved[i];
     const std::string& grads = request.tables(i).gradients();

@@ -23,6 +23,7 @@
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
 #include "kernels/embedding_store.h"
+#include "server/ssp_clock.h"
 
 namespace ember {
 
@@ -36,6 +37,9 @@ struct ShardOptions {
   // Largest request or response message; a lookup whose answer would be
   // larger is refused up front.
   uint64_t max_message_bytes = uint64_t{256} << 20;
+  // Longest a lookup waits for the consistency clock (its own deadline may
+  // end the wait earlier).
+  absl::Duration max_ssp_wait = absl::Seconds(60);
 
   absl::Status Validate() const;
 };
@@ -54,8 +58,15 @@ class Shard {
   void ListTables(v1::ListTablesResponse* response) const;
   void GetShardInfo(v1::GetShardInfoResponse* response) const;
 
-  absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response);
+  // `deadline` bounds the wait for the consistency clock when the request
+  // carries a step (see LookupRequest.step).
+  absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
+                      absl::Time deadline = absl::InfiniteFuture());
   absl::Status Push(const v1::PushRequest& request, v1::PushResponse* response);
+  absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
+                              v1::RegisterWorkerResponse* response);
+  void UnregisterWorker(const v1::UnregisterWorkerRequest& request,
+                        v1::UnregisterWorkerResponse* response);
 
  private:
   struct Table {
@@ -75,6 +86,9 @@ class Shard {
   absl::Status Resolve(absl::string_view field, const std::string& table_name,
                        const std::string& key_bytes, v1::DType dtype,
                        std::vector<Resolved>* resolved);
+  // Applies a validated push to the stores.
+  absl::Status Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
+                     v1::PushResponse* response);
   absl::Status CheckKeyCount(uint64_t total_keys) const;
   absl::Status CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const;
   void FillTableInfo(const Table& table, v1::TableInfo* info) const;
@@ -83,6 +97,7 @@ class Shard {
   const absl::Time start_time_ = absl::Now();
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  SspClock clock_;
 };
 
 }  // namespace ember

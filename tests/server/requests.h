@@ -23,6 +23,17 @@ inline v1::TableConfig AdagradTable(const std::string& name, uint32_t dim) {
   return c;
 }
 
+// SGD with learning rate 1 over zero rows: a row is minus the sum of the
+// gradients applied to it, which makes counting applied pushes exact.
+inline v1::TableConfig CountingTable(const std::string& name, uint32_t dim) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(dim);
+  c.mutable_initializer()->mutable_zeros();
+  c.mutable_optimizer()->mutable_sgd()->set_learning_rate(1.0f);
+  return c;
+}
+
 // Keys owned by `shard` of `count`, in a fixed pseudo-random order.
 inline std::vector<uint64_t> OwnedKeys(uint32_t shard, uint32_t count, size_t n,
                                        uint64_t start = 1) {

@@ -1,0 +1,97 @@
+#include "server/ssp_clock.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember {
+
+size_t SspClock::Register(uint32_t worker, int64_t first_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  workers_[worker] = Worker{first_step - 1, {}, {}};
+  advanced_.notify_all();
+  return workers_.size();
+}
+
+bool SspClock::Unregister(uint32_t worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool erased = workers_.erase(worker) > 0;
+  advanced_.notify_all();  // the waiters may have been waiting for it
+  return erased;
+}
+
+absl::Status SspClock::Begin(uint32_t worker, int64_t step, Claim* claim) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) {
+    *claim = Claim::kUntracked;
+    return absl::OkStatus();
+  }
+  Worker& w = it->second;
+  if (step <= w.applied || w.done_ahead.count(step) || w.in_flight.count(step)) {
+    *claim = Claim::kDuplicate;
+    return absl::OkStatus();
+  }
+  if (step - w.applied > kMaxStepsAhead) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " field 'step': expected at most ", w.applied + kMaxStepsAhead,
+        " (its pushes are applied up to step ", w.applied, "; every step must be pushed), received ",
+        step));
+  }
+  w.in_flight.insert(step);
+  *claim = Claim::kClaimed;
+  return absl::OkStatus();
+}
+
+void SspClock::End(uint32_t worker, int64_t step, bool applied) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return;  // unregistered meanwhile
+  Worker& w = it->second;
+  if (w.in_flight.erase(step) == 0) return;  // re-registered meanwhile
+  if (!applied) return;
+  if (step != w.applied + 1) {
+    w.done_ahead.insert(step);
+    return;
+  }
+  w.applied = step;
+  while (!w.done_ahead.empty() && *w.done_ahead.begin() == w.applied + 1) {
+    w.applied = *w.done_ahead.begin();
+    w.done_ahead.erase(w.done_ahead.begin());
+  }
+  advanced_.notify_all();
+}
+
+std::map<uint32_t, SspClock::Worker>::const_iterator SspClock::Slowest() const {
+  auto slowest = workers_.end();
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (slowest == workers_.end() || it->second.applied < slowest->second.applied) slowest = it;
+  }
+  return slowest;
+}
+
+int64_t SspClock::MinApplied() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto slowest = Slowest();
+  return slowest == workers_.end() ? std::numeric_limits<int64_t>::max()
+                                   : slowest->second.applied;
+}
+
+absl::Status SspClock::WaitFor(int64_t required, absl::Time deadline, const std::string& what) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto ready = [&] {
+    auto slowest = Slowest();
+    return slowest == workers_.end() || slowest->second.applied >= required;
+  };
+  if (deadline == absl::InfiniteFuture()) {
+    advanced_.wait(lock, ready);
+    return absl::OkStatus();
+  }
+  if (advanced_.wait_until(lock, absl::ToChronoTime(deadline), ready)) return absl::OkStatus();
+  auto slowest = Slowest();
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, " needs every worker's pushes up to step ", required, " applied on this shard; worker ",
+      slowest->first, " is behind: applied up to step ", slowest->second.applied));
+}
+
+}  // namespace ember

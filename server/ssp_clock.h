@@ -1,0 +1,72 @@
+// SspClock: the stale-synchronous-parallel clock of one shard.
+//
+// For every registered worker it tracks `applied`: the largest step s such
+// that the worker's pushes for all steps <= s have been applied on this shard
+// (pushes may complete out of order; later steps wait in a small set until
+// the gap closes). A lookup for step t with staleness k waits until every
+// registered worker's applied step is >= t - k - 1.
+//
+// A push goes through Begin (claims the (worker, step), refuses duplicates)
+// then End (marks it applied, or releases the claim when it failed), so a
+// retried push is applied at most once even while the first is in flight.
+//
+// Thread safety: every method may be called concurrently. Uses std::mutex and
+// std::condition_variable (not absl::Mutex) so ThreadSanitizer sees them.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace ember {
+
+class SspClock {
+ public:
+  // Out-of-order steps a worker may have outstanding beyond its applied step;
+  // a push further ahead is refused (the worker skipped a step).
+  static constexpr int64_t kMaxStepsAhead = 4096;
+
+  // Registers `worker` (or resets it) with pushes before `first_step` applied.
+  // Returns the number of registered workers.
+  size_t Register(uint32_t worker, int64_t first_step);
+  // Returns whether the worker was registered.
+  bool Unregister(uint32_t worker);
+
+  enum class Claim { kUntracked, kClaimed, kDuplicate };
+  // Claims (worker, step) for a push about to be applied. kUntracked when the
+  // worker is not registered (apply it, the clock ignores it); kDuplicate when
+  // the step is applied or in flight (do not apply). FAILED_PRECONDITION when
+  // the step is more than kMaxStepsAhead past the worker's applied step.
+  absl::Status Begin(uint32_t worker, int64_t step, Claim* claim);
+  // Ends a kClaimed push: `applied` marks it done and may advance the clock,
+  // otherwise the claim is released so that a retry can apply it.
+  void End(uint32_t worker, int64_t step, bool applied);
+
+  // Blocks until every registered worker has applied step `required`, or
+  // `deadline` passes (DEADLINE_EXCEEDED naming the worker that is behind).
+  // `what` describes the waiting request in that message.
+  absl::Status WaitFor(int64_t required, absl::Time deadline, const std::string& what);
+
+  // The smallest applied step over registered workers (INT64_MAX if none).
+  int64_t MinApplied() const;
+
+ private:
+  struct Worker {
+    int64_t applied = -1;
+    std::set<int64_t> done_ahead;  // applied steps > applied + 1
+    std::set<int64_t> in_flight;   // claimed, not ended
+  };
+  // The registered worker with the smallest applied step, or end().
+  std::map<uint32_t, Worker>::const_iterator Slowest() const;
+
+  mutable std::mutex mu_;
+  std::condition_variable advanced_;
+  std::map<uint32_t, Worker> workers_;
+};
+
+}  // namespace ember
