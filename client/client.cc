@@ -1,0 +1,361 @@
+#include "ember/client.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/key_hash.h"
+#include "common/status_macros.h"
+#include "common/wire.h"
+#include "ember/v1/admin_service.grpc.pb.h"
+#include "ember/v1/embedding_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ember {
+
+absl::Status ClientOptions::Validate() const {
+  if (shards.empty()) return absl::InvalidArgumentError("shards: expected >= 1 address, received 0");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].empty() || shards[i].find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shards[", i, "]: expected host:port, received '", shards[i], "'"));
+    }
+  }
+  const std::pair<const char*, absl::Duration> positive[] = {{"rpc_timeout", rpc_timeout},
+                                                            {"connect_timeout", connect_timeout},
+                                                            {"initial_backoff", initial_backoff},
+                                                            {"max_backoff", max_backoff}};
+  for (const auto& [name, d] : positive) {
+    if (d <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected > 0, received ", absl::FormatDuration(d)));
+    }
+  }
+  if (retry_budget < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("retry_budget: expected >= 0, received ",
+                                                   absl::FormatDuration(retry_budget)));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// Counts down the calls of one attempt round; callbacks run on gRPC threads.
+class Latch {
+ public:
+  explicit Latch(int count) : count_(count) {}
+  void CountDown() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--count_ == 0) cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return count_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_;
+};
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  ClientOptions options;
+  std::vector<std::unique_ptr<v1::EmbeddingService::Stub>> embedding;
+  std::vector<std::unique_ptr<v1::AdminService::Stub>> admin;
+  std::atomic<uint64_t> rpcs{0}, retries{0}, failures{0};
+
+  std::string ShardName(uint32_t shard) const {
+    return absl::StrCat("shard ", shard, " (", options.shards[shard], ")");
+  }
+
+  // Sends requests[i] to every shard i with active[i], in parallel, each
+  // attempt with its own deadline; retries UNAVAILABLE ones with backoff
+  // while the retry budget lasts. `issue(shard, context, request, response,
+  // done)` starts one asynchronous call.
+  template <typename Req, typename Resp, typename IssueFn>
+  absl::Status CallShards(absl::string_view method, absl::Span<const Req> requests,
+                          const std::vector<bool>& active, std::vector<Resp>* responses,
+                          absl::Duration timeout, IssueFn issue) {
+    const uint32_t n = static_cast<uint32_t>(requests.size());
+    responses->resize(n);
+    std::vector<uint32_t> pending;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (active[i]) pending.push_back(i);
+    }
+    const absl::Time start = absl::Now();
+    absl::Duration backoff = options.initial_backoff;
+    std::minstd_rand jitter(static_cast<uint32_t>(absl::ToUnixNanos(start)));
+    int attempt = 0;
+    while (!pending.empty()) {
+      std::vector<grpc::Status> statuses(pending.size());
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts(pending.size());
+      Latch latch(static_cast<int>(pending.size()));
+      const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+      for (size_t j = 0; j < pending.size(); ++j) {
+        const uint32_t shard = pending[j];
+        contexts[j] = std::make_unique<grpc::ClientContext>();
+        contexts[j]->set_deadline(deadline);
+        (*responses)[shard].Clear();
+        ++rpcs;
+        if (attempt > 0) ++retries;
+        issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard],
+              [&statuses, &latch, j](grpc::Status s) {
+                statuses[j] = std::move(s);
+                latch.CountDown();
+              });
+      }
+      latch.Wait();
+      std::vector<uint32_t> retry;
+      for (size_t j = 0; j < pending.size(); ++j) {
+        const grpc::Status& s = statuses[j];
+        if (s.ok()) continue;
+        const bool budget_left = absl::Now() - start + backoff <= options.retry_budget;
+        if (s.error_code() == grpc::StatusCode::UNAVAILABLE && budget_left) {
+          retry.push_back(pending[j]);
+          continue;
+        }
+        ++failures;
+        const absl::Status status = FromGrpc(s);
+        return absl::Status(
+            status.code(),
+            absl::StrCat(ShardName(pending[j]), " ", method, ": ", status.message(),
+                         s.error_code() == grpc::StatusCode::UNAVAILABLE
+                             ? absl::StrCat(" (gave up after ", attempt + 1, " attempts in ",
+                                            absl::FormatDuration(absl::Now() - start), ")")
+                             : ""));
+      }
+      pending = std::move(retry);
+      if (pending.empty()) break;
+      // Full jitter around the backoff so that pipelines do not retry in step.
+      const double f = 0.5 + 0.5 * std::uniform_real_distribution<double>(0, 1)(jitter);
+      absl::SleepFor(backoff * f);
+      backoff = std::min(backoff * 2, options.max_backoff);
+      ++attempt;
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<bool> All() const { return std::vector<bool>(embedding.size(), true); }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  EMBER_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  // A restarted shard is found again within about max_backoff, not gRPC's
+  // default of up to two minutes.
+  const int max_backoff_ms = static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
+  for (const std::string& address : options.shards) {
+    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
+    impl->admin.push_back(v1::AdminService::NewStub(channel));
+  }
+  std::vector<v1::GetShardInfoRequest> requests(options.shards.size());
+  std::vector<v1::GetShardInfoResponse> infos;
+  EMBER_RETURN_IF_ERROR(impl->CallShards(
+      "GetShardInfo", absl::MakeConstSpan(requests), impl->All(), &infos, options.connect_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::GetShardInfoRequest* req,
+          v1::GetShardInfoResponse* resp, std::function<void(grpc::Status)> done) {
+        ctx->set_wait_for_ready(true);  // the shard may still be starting
+        impl->admin[shard]->async()->GetShardInfo(ctx, req, resp, std::move(done));
+      }));
+  const uint32_t n = static_cast<uint32_t>(options.shards.size());
+  for (uint32_t i = 0; i < n; ++i) {
+    const v1::GetShardInfoResponse& info = infos[i];
+    if (info.shard_index() != i || info.shard_count() != n) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          impl->ShardName(i), ": expected shard ", i, " of ", n, ", received shard ",
+          info.shard_index(), " of ", info.shard_count(),
+          " (list the shard addresses in shard-index order)"));
+    }
+    if (info.routing() != kRoutingName) {
+      return absl::FailedPreconditionError(absl::StrCat(impl->ShardName(i), ": expected routing '",
+                                                        kRoutingName, "', received '",
+                                                        info.routing(), "'"));
+    }
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+uint32_t Client::shard_count() const { return static_cast<uint32_t>(impl_->embedding.size()); }
+const ClientOptions& Client::options() const { return impl_->options; }
+uint32_t Client::ShardOf(uint64_t key) const { return ember::ShardOf(key, shard_count()); }
+std::string Client::ShardName(uint32_t shard) const { return impl_->ShardName(shard); }
+
+absl::Status Client::CreateTable(const v1::TableConfig& config) {
+  std::vector<v1::CreateTableRequest> requests(shard_count());
+  for (auto& r : requests) *r.mutable_config() = config;
+  std::vector<v1::CreateTableResponse> responses;
+  return impl_->CallShards(
+      "CreateTable", absl::MakeConstSpan(requests), impl_->All(), &responses,
+      impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::CreateTableRequest* req,
+          v1::CreateTableResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->admin[shard]->async()->CreateTable(ctx, req, resp, std::move(done));
+      });
+}
+
+absl::StatusOr<std::vector<v1::TableInfo>> Client::ListTables() {
+  std::vector<v1::ListTablesRequest> requests(shard_count());
+  std::vector<bool> only_first(shard_count(), false);
+  only_first[0] = true;
+  std::vector<v1::ListTablesResponse> responses;
+  EMBER_RETURN_IF_ERROR(impl_->CallShards(
+      "ListTables", absl::MakeConstSpan(requests), only_first, &responses,
+      impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ListTablesRequest* req,
+          v1::ListTablesResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->admin[shard]->async()->ListTables(ctx, req, resp, std::move(done));
+      }));
+  return std::vector<v1::TableInfo>(responses[0].tables().begin(), responses[0].tables().end());
+}
+
+absl::StatusOr<uint64_t> Client::StoredRows(const std::string& table) {
+  std::vector<v1::ListTablesRequest> requests(shard_count());
+  std::vector<v1::ListTablesResponse> responses;
+  EMBER_RETURN_IF_ERROR(impl_->CallShards(
+      "ListTables", absl::MakeConstSpan(requests), impl_->All(), &responses,
+      impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ListTablesRequest* req,
+          v1::ListTablesResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->admin[shard]->async()->ListTables(ctx, req, resp, std::move(done));
+      }));
+  uint64_t rows = 0;
+  for (uint32_t s = 0; s < shard_count(); ++s) {
+    bool found = false;
+    for (const v1::TableInfo& t : responses[s].tables()) {
+      if (t.config().name() == table) {
+        rows += t.rows();
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::NotFoundError(absl::StrCat("table '", table, "' not found on ", ShardName(s)));
+    }
+  }
+  return rows;
+}
+
+absl::Status Client::Lookup(absl::Span<const v1::LookupRequest> requests,
+                            std::vector<v1::LookupResponse>* responses) {
+  if (requests.size() != shard_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("Lookup: expected ", shard_count(),
+                                                   " requests (one per shard), received ",
+                                                   requests.size()));
+  }
+  std::vector<bool> active(shard_count());
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    active[i] = requests[i].tables_size() > 0 || requests[i].has_step();
+  }
+  return impl_->CallShards(
+      "Lookup", requests, active, responses, impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::LookupRequest* req,
+          v1::LookupResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->embedding[shard]->async()->Lookup(ctx, req, resp, std::move(done));
+      });
+}
+
+absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
+                          std::vector<v1::PushResponse>* responses) {
+  if (requests.size() != shard_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("Push: expected ", shard_count(),
+                                                   " requests (one per shard), received ",
+                                                   requests.size()));
+  }
+  return impl_->CallShards(
+      "Push", requests, impl_->All(), responses, impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::PushRequest* req,
+          v1::PushResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->embedding[shard]->async()->Push(ctx, req, resp, std::move(done));
+      });
+}
+
+absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {
+  std::vector<v1::RegisterWorkerRequest> requests(shard_count());
+  for (auto& r : requests) {
+    r.set_worker_id(worker_id);
+    r.set_first_step(first_step);
+  }
+  std::vector<v1::RegisterWorkerResponse> responses;
+  return impl_->CallShards(
+      "RegisterWorker", absl::MakeConstSpan(requests), impl_->All(), &responses,
+      impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::RegisterWorkerRequest* req,
+          v1::RegisterWorkerResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->embedding[shard]->async()->RegisterWorker(ctx, req, resp, std::move(done));
+      });
+}
+
+absl::Status Client::UnregisterWorker(uint32_t worker_id) {
+  std::vector<v1::UnregisterWorkerRequest> requests(shard_count());
+  for (auto& r : requests) r.set_worker_id(worker_id);
+  std::vector<v1::UnregisterWorkerResponse> responses;
+  return impl_->CallShards(
+      "UnregisterWorker", absl::MakeConstSpan(requests), impl_->All(), &responses,
+      impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::UnregisterWorkerRequest* req,
+          v1::UnregisterWorkerResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->embedding[shard]->async()->UnregisterWorker(ctx, req, resp, std::move(done));
+      });
+}
+
+absl::StatusOr<std::vector<float>> Client::LookupRows(const std::string& table,
+                                                      absl::Span<const uint64_t> keys,
+                                                      bool read_only) {
+  const uint32_t n = shard_count();
+  std::vector<std::vector<uint64_t>> shard_keys(n);
+  std::vector<std::vector<size_t>> positions(n);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t s = ShardOf(keys[i]);
+    shard_keys[s].push_back(keys[i]);
+    positions[s].push_back(i);
+  }
+  std::vector<v1::LookupRequest> requests(n);
+  for (uint32_t s = 0; s < n; ++s) {
+    if (shard_keys[s].empty()) continue;
+    v1::TableLookup* t = requests[s].add_tables();
+    t->set_table(table);
+    t->set_keys(PackKeys(shard_keys[s]));
+    t->set_dtype(v1::DTYPE_FP32);
+    t->set_read_only(read_only);
+  }
+  std::vector<v1::LookupResponse> responses;
+  EMBER_RETURN_IF_ERROR(Lookup(requests, &responses));
+  std::vector<float> rows;
+  size_t dim = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    if (shard_keys[s].empty()) continue;
+    const v1::TableRows& r = responses[s].tables(0);
+    dim = r.dim();
+    rows.resize(keys.size() * dim);
+    for (size_t j = 0; j < positions[s].size(); ++j) {
+      memcpy(&rows[positions[s][j] * dim], r.rows().data() + j * dim * 4, dim * 4);
+    }
+  }
+  return rows;
+}
+
+ClientStats Client::Stats() const {
+  return ClientStats{impl_->rpcs.load(), impl_->retries.load(), impl_->failures.load()};
+}
+
+}  // namespace ember

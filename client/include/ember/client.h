@@ -1,0 +1,98 @@
+// ember::Client: the trainer's connection to every shard of a cluster.
+//
+// It routes keys with the function the shards check (common/key_hash.h),
+// sends one RPC per shard, to all shards in parallel, with a deadline on
+// every call, and retries calls that fail with UNAVAILABLE (shard down or
+// restarting) with exponential backoff until a time budget is spent. Errors
+// name the shard and its address; the shard's own message names the table,
+// the field and the expected vs. received values.
+//
+// Thread safety: every method may be called concurrently; one Client is meant
+// to be shared by all step pipelines of a trainer process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "ember/v1/admin_service.pb.h"
+#include "ember/v1/embedding_service.pb.h"
+
+namespace ember {
+
+struct ClientOptions {
+  // "host:port" of every shard, in shard-index order.
+  std::vector<std::string> shards;
+  // Deadline of each RPC attempt (a lookup's wait for slower workers counts).
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  // How long Connect waits for every shard to answer GetShardInfo.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // UNAVAILABLE calls are retried while less than this has passed since the
+  // first attempt, waiting initial_backoff, doubling up to max_backoff.
+  absl::Duration retry_budget = absl::Seconds(30);
+  absl::Duration initial_backoff = absl::Milliseconds(10);
+  absl::Duration max_backoff = absl::Seconds(1);
+
+  absl::Status Validate() const;
+};
+
+// Counters of one Client over all shards; monotonic.
+struct ClientStats {
+  uint64_t rpcs = 0;        // attempts started
+  uint64_t retries = 0;     // attempts that were retries after UNAVAILABLE
+  uint64_t failures = 0;    // calls that returned an error to the caller
+};
+
+class Client {
+ public:
+  // Connects to every shard and checks that shard i reports index i of
+  // shards.size() and the same routing function as this client.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+
+  uint32_t shard_count() const;
+  const ClientOptions& options() const;
+  // The shard that owns `key`.
+  uint32_t ShardOf(uint64_t key) const;
+  // "shard 1 (127.0.0.1:5001)", for messages.
+  std::string ShardName(uint32_t shard) const;
+
+  // Creates the table on every shard (idempotent for an identical definition).
+  absl::Status CreateTable(const v1::TableConfig& config);
+  // Tables as shard 0 knows them (every shard holds the same definitions).
+  absl::StatusOr<std::vector<v1::TableInfo>> ListTables();
+  // Stored rows of `table`, summed over shards.
+  absl::StatusOr<uint64_t> StoredRows(const std::string& table);
+
+  // requests[i] is sent to shard i, all in parallel; a shard whose request
+  // has no tables and no step is skipped. responses is resized to match.
+  absl::Status Lookup(absl::Span<const v1::LookupRequest> requests,
+                      std::vector<v1::LookupResponse>* responses);
+  // requests[i] is sent to shard i, all in parallel (empty ones too: they
+  // advance the worker's clock).
+  absl::Status Push(absl::Span<const v1::PushRequest> requests,
+                    std::vector<v1::PushResponse>* responses);
+  // On every shard.
+  absl::Status RegisterWorker(uint32_t worker_id, int64_t first_step);
+  absl::Status UnregisterWorker(uint32_t worker_id);
+
+  // Convenience for tools and tests: rows of `keys` (dim floats each, in key
+  // order) of one table, routed to their shards.
+  absl::StatusOr<std::vector<float>> LookupRows(const std::string& table,
+                                                absl::Span<const uint64_t> keys,
+                                                bool read_only = true);
+
+  ClientStats Stats() const;
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ember

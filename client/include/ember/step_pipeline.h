@@ -1,0 +1,114 @@
+// ember::StepPipeline: one trainer replica's (one GPU's) embedding pipeline.
+//
+//   pipe->Prefetch(t + 1, batch);      // returns at once; fetch runs behind
+//   StepView rows = *pipe->Wait(t);    // pooled [batch, dim] per feature
+//   ... forward / backward ...
+//   pipe->Push(t, d_pooled);           // returns at once; push runs behind
+//
+// Prefetch deduplicates each table's keys (over every feature that uses the
+// table), sends one Lookup per shard for all tables, and pools the rows into
+// one dense buffer per feature. Push turns d(pooled) into one gradient per
+// unique key (duplicates summed) and sends one Push per shard, in the
+// background, in step order.
+//
+// Consistency: with staleness s >= 0 the pipeline registers its worker id on
+// every shard and its lookup for step t is answered once every registered
+// worker's pushes up to step t - s - 1 are applied (see LookupRequest.step);
+// s < 0 is asynchronous (no clock). The prefetch depth follows s: fetching
+// step t + d while step t computes can only overlap when d <= s.
+//
+// Steps: Prefetch steps first_step, first_step + 1, ... in order, at most
+// prefetch_depth + 1 of them not yet pushed; Wait and Push each step once, in
+// order. Breaking these rules is FAILED_PRECONDITION and changes nothing.
+//
+// Thread safety: one pipeline is driven from one thread at a time; different
+// pipelines (sharing one Client) may run on different threads. Memory: all
+// buffers are host memory, owned by the pipeline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "ember/batch.h"
+#include "ember/client.h"
+
+namespace ember {
+
+struct FeatureSpec {
+  std::string name;   // for messages
+  std::string table;  // an existing table; several features may share one
+  Combiner combiner = Combiner::kSum;
+};
+
+struct PipelineOptions {
+  // This replica's id in the consistency clock; unique per trainer worker.
+  uint32_t worker_id = 0;
+  std::vector<FeatureSpec> features;
+  // SSP staleness s; negative: asynchronous, no clock.
+  int staleness = 0;
+  // Steps fetched ahead of the one computing; -1: max(1, staleness).
+  int prefetch_depth = -1;
+  int64_t first_step = 0;
+};
+
+// The rows of one step, valid until Push(step) is called for it.
+struct StepView {
+  int64_t step = 0;
+  int64_t batch_size = 0;
+  // Per feature, batch_size x dim(feature) floats, row-major.
+  std::vector<absl::Span<const float>> pooled;
+};
+
+// What one pipeline did; totals since creation.
+struct PipelineStats {
+  int64_t steps_waited = 0;
+  int64_t steps_pushed = 0;
+  double wait_seconds = 0;     // time Wait blocked (the exposed embedding wait)
+  double max_wait_seconds = 0;
+  uint64_t keys = 0;           // ids in the batches
+  uint64_t unique_keys = 0;    // keys sent after per-table deduplication
+  uint64_t bytes_sent = 0;     // request payload (keys and gradients)
+  uint64_t bytes_received = 0; // response rows
+};
+
+class StepPipeline {
+ public:
+  // Checks the features against the cluster's tables and registers the worker
+  // when staleness >= 0. `client` must outlive the pipeline.
+  static absl::StatusOr<std::unique_ptr<StepPipeline>> Create(Client* client,
+                                                              PipelineOptions options);
+  // Finishes outstanding work (like Close) and stops the background threads.
+  ~StepPipeline();
+
+  StepPipeline(const StepPipeline&) = delete;
+  StepPipeline& operator=(const StepPipeline&) = delete;
+
+  // Starts fetching step `step`'s rows; the batch is validated now.
+  absl::Status Prefetch(int64_t step, Batch batch);
+  // Blocks until step `step`'s rows are pooled; returns the first error of its
+  // fetch, or of an earlier push.
+  absl::StatusOr<StepView> Wait(int64_t step);
+  // d_pooled[f] holds batch_size x dim(f) gradients of feature f's pooled
+  // rows; they are copied. Returns at once (an earlier push's error if any).
+  absl::Status Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled);
+  // Blocks until every push so far is acknowledged; returns the first error.
+  absl::Status Flush();
+  // Flush, then unregister the worker. Idempotent.
+  absl::Status Close();
+
+  uint32_t dim(size_t feature) const;
+  int prefetch_depth() const;
+  PipelineStats Stats() const;
+
+ private:
+  class Impl;
+  explicit StepPipeline(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ember

@@ -1,0 +1,34 @@
+// Pooling of one feature's rows into [batch, dim] and its backward pass, on
+// the host. The device path implements the same contract in CUDA.
+//
+// `offsets` (batch + 1) and `weights` (empty or one per id) are as in
+// FeatureBatch; `inverse[j]` is the index of id j's row among the table's
+// unique rows. All buffers are host memory, row-major fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "ember/batch.h"
+
+namespace ember {
+
+// pooled[i, :] = combine over the ids j of example i of rows[inverse[j], :].
+// pooled holds (offsets.size() - 1) * dim floats; it is overwritten.
+void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                 absl::Span<const float> weights, Combiner combiner, const float* rows,
+                 uint32_t dim, float* pooled);
+
+// The gradient of PoolForward: for every id j of example i, adds
+// (w_j * scale_i) * d_pooled[i, :] to d_rows[inverse[j], :], visiting
+// examples and ids in order (so the sum over duplicates is deterministic).
+void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                  absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
+                  uint32_t dim, float* d_rows);
+
+// The factor example [begin, end) is scaled by: 1, 1 / sum w, or
+// 1 / sqrt(sum w^2); 0 when that sum is 0.
+float CombinerScale(absl::Span<const float> weights, int64_t begin, int64_t end,
+                    Combiner combiner);
+
+}  // namespace ember
