@@ -1,0 +1,141 @@
+// Client-side step math without a network: batch validation, unique +
+// inverse, pooling with every combiner, and its backward pass.
+#include "client/pooling.h"
+
+#include <cmath>
+#include <random>
+
+#include "client/dedup.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace ember {
+namespace {
+
+TEST(DedupTest, UniqueKeysKeepFirstOccurrenceOrderAndInverseRebuildsTheInput) {
+  KeyDeduplicator d;
+  std::vector<uint32_t> inverse;
+  const std::vector<uint64_t> a = {5, ~uint64_t{0}, 5, 0, 7};
+  const std::vector<uint64_t> b = {0, 9, ~uint64_t{0}};
+  d.Add(a, &inverse);
+  d.Add(b, &inverse);
+  EXPECT_EQ(d.unique(), (std::vector<uint64_t>{5, ~uint64_t{0}, 0, 7, 9}));
+  std::vector<uint64_t> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  ASSERT_EQ(inverse.size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(d.unique()[inverse[i]], all[i]);
+  d.Clear();
+  inverse.clear();
+  d.Add(b, &inverse);
+  EXPECT_EQ(d.unique(), (std::vector<uint64_t>{0, 9, ~uint64_t{0}}));
+}
+
+// Rows of unique keys: row u is {u + 1, 10 * (u + 1)}.
+std::vector<float> TwoDimRows(int n) {
+  std::vector<float> rows;
+  for (int u = 0; u < n; ++u) {
+    rows.push_back(u + 1.0f);
+    rows.push_back(10.0f * (u + 1));
+  }
+  return rows;
+}
+
+TEST(PoolingTest, SumMeanAndSqrtNCombineWeightedRowsAndEmptyExamplesGiveZeros) {
+  // Example 0: ids {0, 2} weights {1, 3}; example 1: none; example 2: {1, 1}.
+  const std::vector<int64_t> offsets = {0, 2, 2, 4};
+  const std::vector<uint32_t> inverse = {0, 2, 1, 1};
+  const std::vector<float> weights = {1, 3, 2, 2};
+  const std::vector<float> rows = TwoDimRows(3);
+  std::vector<float> out(6, -1);
+  PoolForward(offsets, inverse, weights, Combiner::kSum, rows.data(), 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{10, 100, 0, 0, 8, 80}));
+  PoolForward(offsets, inverse, weights, Combiner::kMean, rows.data(), 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{2.5f, 25, 0, 0, 2, 20}));
+  PoolForward(offsets, inverse, weights, Combiner::kSqrtN, rows.data(), 2, out.data());
+  EXPECT_FLOAT_EQ(out[0], 10 / std::sqrt(10.0f));
+  EXPECT_FLOAT_EQ(out[1], 100 / std::sqrt(10.0f));
+  EXPECT_EQ(out[2], 0);
+  EXPECT_FLOAT_EQ(out[4], 8 / std::sqrt(8.0f));
+  // No weights means weight 1.
+  PoolForward(offsets, inverse, {}, Combiner::kMean, rows.data(), 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{2, 20, 0, 0, 2, 20}));
+}
+
+TEST(PoolingTest, BackwardSumsDuplicateIdsIntoOneGradientPerUniqueRow) {
+  const std::vector<int64_t> offsets = {0, 2, 2, 4};
+  const std::vector<uint32_t> inverse = {0, 2, 1, 1};
+  const std::vector<float> weights = {1, 3, 2, 2};
+  const std::vector<float> d_pooled = {1, 2, 100, 100, 0.5f, 1};
+  std::vector<float> d_rows(6, 0);
+  PoolBackward(offsets, inverse, weights, Combiner::kMean, d_pooled.data(), 2, d_rows.data());
+  // Mean scales example 0 by 1/4 and example 2 by 1/4; example 1 has no ids.
+  EXPECT_EQ(d_rows, (std::vector<float>{0.25f, 0.5f, 0.5f, 1.0f, 0.75f, 1.5f}));
+}
+
+// Pooling is linear in the rows, so its backward must be its adjoint:
+// <d_pooled, Forward(rows)> == <Backward(d_pooled), rows> for any inputs.
+TEST(PoolingTest, BackwardIsTheAdjointOfForwardForEveryCombiner) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> value(-1, 1);
+  const uint32_t dim = 5;
+  const int batch = 64, unique = 20;
+  std::vector<int64_t> offsets = {0};
+  std::vector<uint32_t> inverse;
+  std::vector<float> weights;
+  for (int i = 0; i < batch; ++i) {
+    const int n = rng() % 6;  // some examples are empty
+    for (int j = 0; j < n; ++j) {
+      inverse.push_back(rng() % unique);
+      weights.push_back(value(rng) + 1.5f);
+    }
+    offsets.push_back(static_cast<int64_t>(inverse.size()));
+  }
+  std::vector<float> rows(unique * dim), d_pooled(batch * dim);
+  for (float& x : rows) x = value(rng);
+  for (float& x : d_pooled) x = value(rng);
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtN}) {
+    for (bool weighted : {false, true}) {
+      absl::Span<const float> w = weighted ? absl::Span<const float>(weights) : absl::Span<const float>();
+      std::vector<float> pooled(batch * dim), d_rows(unique * dim, 0);
+      PoolForward(offsets, inverse, w, c, rows.data(), dim, pooled.data());
+      PoolBackward(offsets, inverse, w, c, d_pooled.data(), dim, d_rows.data());
+      double lhs = 0, rhs = 0;
+      for (size_t i = 0; i < pooled.size(); ++i) lhs += double{d_pooled[i]} * pooled[i];
+      for (size_t i = 0; i < rows.size(); ++i) rhs += double{d_rows[i]} * rows[i];
+      EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(lhs)))
+          << "combiner " << static_cast<int>(c) << " weighted " << weighted;
+    }
+  }
+}
+
+TEST(BatchTest, MalformedBatchesAreRejectedNamingFeatureFieldAndSizes) {
+  const std::vector<std::string> names = {"user", "tags"};
+  Batch ok;
+  ok.features = {{{0, 1, 2}, {7, 8}, {}}, {{0, 0, 3}, {1, 2, 3}, {1, 1, 1}}};
+  EXPECT_OK(ValidateBatch(ok, names));
+  struct Case {
+    std::function<void(Batch&)> mutate;
+    std::string expect;
+  } cases[] = {
+      {[](Batch& b) { b.features.pop_back(); }, "expected 2 features, received 1"},
+      {[](Batch& b) { b.features[0].offsets = {1, 2, 2}; }, "feature 'user' field 'offsets'"},
+      {[](Batch& b) { b.features[1].offsets = {0, 3}; },
+       "feature 'tags' field 'offsets': expected batch size 2"},
+      {[](Batch& b) { b.features[1].offsets = {0, 2, 1}; }, "expected non-decreasing"},
+      {[](Batch& b) { b.features[0].keys.push_back(9); },
+       "feature 'user' field 'keys': expected 2 keys (offsets.back()), received 3"},
+      {[](Batch& b) { b.features[1].weights = {1}; },
+       "feature 'tags' field 'weights': expected 0 or 3 weights, received 1"},
+      {[](Batch& b) { b.features[1].weights[2] = NAN; }, "expected finite values"},
+  };
+  for (const Case& c : cases) {
+    Batch b = ok;
+    c.mutate(b);
+    absl::Status s = ValidateBatch(b, names);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.expect;
+    EXPECT_NE(s.message().find(c.expect), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace ember
