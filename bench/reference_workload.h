@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "common/key_hash.h"
+#include "ember/batch.h"
+#include "ember/step_pipeline.h"
+#include "ember/v1/types.pb.h"
 
 namespace ember::bench {
 
@@ -56,5 +59,59 @@ class ZipfSampler {
 inline uint64_t FeatureKey(int feature, uint64_t id) {
   return Mix64((static_cast<uint64_t>(feature) << 56) ^ id);
 }
+
+// The table of one feature: Adagrad (learning rate 0.01, initial accumulator
+// 0.1), fp32, truncated-normal initial rows.
+inline v1::TableConfig ReferenceTableConfig(const Feature& f, uint32_t dim) {
+  v1::TableConfig c;
+  c.set_name(f.table);
+  c.set_dim(dim);
+  c.mutable_initializer()->mutable_truncated_normal()->set_stddev(0.05f);
+  c.mutable_initializer()->set_seed(1);
+  c.mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.01f);
+  c.mutable_optimizer()->mutable_adagrad()->set_initial_accumulator(0.1f);
+  return c;
+}
+
+// One pipeline feature per table; multi-hot features are pooled by mean.
+inline std::vector<FeatureSpec> ReferenceFeatureSpecs(const std::vector<Feature>& features) {
+  std::vector<FeatureSpec> specs;
+  for (const Feature& f : features) {
+    specs.push_back({f.table, f.table, f.max_ids > 1 ? Combiner::kMean : Combiner::kSum});
+  }
+  return specs;
+}
+
+// Draws the batches of one id stream: Zipf ids per feature, hashed to keys.
+class BatchGenerator {
+ public:
+  BatchGenerator(std::vector<Feature> features, int batch_size, uint64_t seed)
+      : features_(std::move(features)), batch_size_(batch_size), rng_(seed) {
+    for (const Feature& f : features_) zipf_.emplace_back(f.cardinality, 1.05);
+  }
+  Batch Next() {
+    Batch b;
+    for (size_t fi = 0; fi < features_.size(); ++fi) {
+      FeatureBatch fb;
+      fb.offsets.reserve(batch_size_ + 1);
+      fb.offsets.push_back(0);
+      std::uniform_int_distribution<int> hot(features_[fi].min_ids, features_[fi].max_ids);
+      for (int e = 0; e < batch_size_; ++e) {
+        for (int k = hot(rng_); k > 0; --k) {
+          fb.keys.push_back(FeatureKey(static_cast<int>(fi), zipf_[fi](rng_)));
+        }
+        fb.offsets.push_back(static_cast<int64_t>(fb.keys.size()));
+      }
+      b.features.push_back(std::move(fb));
+    }
+    return b;
+  }
+
+ private:
+  std::vector<Feature> features_;
+  int batch_size_;
+  std::mt19937_64 rng_;
+  std::vector<ZipfSampler> zipf_;
+};
 
 }  // namespace ember::bench

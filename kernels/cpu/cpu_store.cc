@@ -535,8 +535,21 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     for (uint32_t k = begin; k < end;) {
       const Slot& first = b.slots[k];
       const uint64_t key = keys[first.pos];
-      if (k + kPrefetchDistance < end && s.index) {
-        Prefetch(&s.index[b.slots[k + kPrefetchDistance].hash & s.index_mask]);
+      // Two stages ahead: the index line of a key 2D slots on, and the
+      // record its home entry points at D slots on (that line came in by now).
+      if (s.index) {
+        if (k + 2 * kPrefetchDistance < end) {
+          Prefetch(&s.index[b.slots[k + 2 * kPrefetchDistance].hash & s.index_mask]);
+        }
+        if (k + kPrefetchDistance < end) {
+          const uint64_t h = b.slots[k + kPrefetchDistance].hash;
+          const uint32_t e = s.index[h & s.index_mask];
+          if (e != 0 && (e & 0xffu) == TagOf(h)) {
+            const uint8_t* rec = Record(s, EntryRow(e));
+            Prefetch(rec);
+            Prefetch(rec + state_offset_ + state_floats_ * sizeof(float) - 1);
+          }
+        }
       }
       ConvertElements(grads + first.pos * grad_row, grad_dtype, g.data(), DType::kFp32, dim_);
       for (++k; k < end && keys[b.slots[k].pos] == key; ++k) {

@@ -1,0 +1,284 @@
+// ember-trainer: the reference trainer of WORKLOAD.md (item 3) against a
+// running cluster. Several step pipelines (one per simulated GPU) in one
+// process, each on its own thread, run prefetch / wait / compute / push on
+// the 17-feature workload for a fixed time per configuration:
+//   for every simulated compute time: no embeddings at all (the baseline),
+//   Ember with prefetch off (prefetch(t) then wait(t)), Ember with prefetch on
+//   (prefetch(t + depth) before computing t).
+// Prints steps/s, step time, the exposed embedding wait per step and the
+// efficiency = baseline step time / step time.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/reference_workload.h"
+#include "ember/client.h"
+#include "ember/step_pipeline.h"
+
+ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
+ABSL_FLAG(int, pipelines, 4, "Step pipelines (simulated GPUs), one thread each.");
+ABSL_FLAG(int, dim, 8, "Embedding dimension of every table.");
+ABSL_FLAG(int, batch, 128, "Examples per step per pipeline.");
+ABSL_FLAG(uint64_t, scale_down, 1, "Divide every cardinality by this (100: the test variant).");
+ABSL_FLAG(std::string, compute_ms, "0,1,5", "Simulated compute per step, in ms, comma-separated.");
+ABSL_FLAG(std::string, compute_mode, "sleep",
+          "sleep: the host is free while the GPU computes; busy: CPU training (spins).");
+ABSL_FLAG(double, seconds, 4, "Measured time per configuration.");
+ABSL_FLAG(double, warmup_seconds, 2, "Untimed training first, so that tables hold the hot keys.");
+ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
+ABSL_FLAG(int, batches, 256, "Distinct batches per pipeline, drawn up front and cycled.");
+ABSL_FLAG(uint64_t, seed, 42, "Seed of the id streams (pipeline p uses seed + p).");
+
+namespace ember::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void Compute(double ms, bool busy) {
+  if (ms <= 0) return;
+  if (!busy) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    return;
+  }
+  const auto end = Clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (Clock::now() < end) {
+  }
+}
+
+struct RunResult {
+  double seconds = 0;        // mean over pipelines of their measured time
+  int64_t steps = 0;         // over all pipelines
+  std::vector<double> wait_ms;  // one per step
+  uint64_t keys = 0, unique_keys = 0, bytes = 0;
+  absl::Status status;
+
+  double StepsPerSecond() const { return seconds > 0 ? steps / seconds : 0; }
+  // Mean time of one pipeline's step.
+  double StepMs(int pipelines) const { return steps ? 1000.0 * seconds * pipelines / steps : 0; }
+  double WaitMs(double quantile) {
+    if (wait_ms.empty()) return 0;
+    std::sort(wait_ms.begin(), wait_ms.end());
+    return wait_ms[std::min(wait_ms.size() - 1, static_cast<size_t>(quantile * wait_ms.size()))];
+  }
+  double MeanWaitMs() const {
+    double s = 0;
+    for (double w : wait_ms) s += w;
+    return wait_ms.empty() ? 0 : s / wait_ms.size();
+  }
+};
+
+struct Config {
+  int pipelines;
+  double compute_ms;
+  bool busy;
+  double seconds;
+};
+
+RunResult RunBaseline(const Config& c) {
+  RunResult r;
+  std::vector<std::thread> threads;
+  std::atomic<int64_t> steps{0};
+  for (int p = 0; p < c.pipelines; ++p) {
+    threads.emplace_back([&] {
+      const auto start = Clock::now();
+      int64_t n = 0;
+      while (std::chrono::duration<double>(Clock::now() - start).count() < c.seconds) {
+        Compute(c.compute_ms, c.busy);
+        ++n;
+      }
+      steps += n;
+    });
+  }
+  for (auto& t : threads) t.join();
+  r.steps = steps;
+  r.seconds = c.seconds;
+  return r;
+}
+
+RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t worker_base,
+                   const std::vector<FeatureSpec>& specs,
+                   const std::vector<std::vector<Batch>>& batches) {
+  RunResult r;
+  std::mutex mu;
+  std::vector<std::unique_ptr<StepPipeline>> pipes;
+  for (int p = 0; p < c.pipelines; ++p) {
+    PipelineOptions o;
+    o.worker_id = worker_base + p;
+    o.features = specs;
+    o.staleness = absl::GetFlag(FLAGS_staleness);
+    absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(client, o);
+    if (!pipe.ok()) {
+      r.status = pipe.status();
+      return r;
+    }
+    pipes.push_back(std::move(*pipe));
+  }
+  std::vector<std::thread> threads;
+  double seconds_sum = 0;
+  for (int p = 0; p < c.pipelines; ++p) {
+    threads.emplace_back([&, p] {
+      StepPipeline& pipe = *pipes[p];
+      const std::vector<Batch>& ring = batches[p];
+      const int depth = prefetch ? pipe.prefetch_depth() : 0;
+      std::vector<double> waits;
+      std::vector<std::vector<float>> grads(specs.size());
+      std::vector<absl::Span<const float>> spans(specs.size());
+      absl::Status status;
+      int64_t next = 0, t = 0;
+      const auto start = Clock::now();
+      for (; std::chrono::duration<double>(Clock::now() - start).count() < c.seconds; ++t) {
+        for (; next <= t + depth && status.ok(); ++next) {
+          status = pipe.Prefetch(next, ring[next % ring.size()]);
+        }
+        if (!status.ok()) break;
+        const auto w0 = Clock::now();
+        absl::StatusOr<StepView> view = pipe.Wait(t);
+        waits.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+        if (!view.ok()) {
+          status = view.status();
+          break;
+        }
+        Compute(c.compute_ms, c.busy);
+        for (size_t f = 0; f < specs.size(); ++f) {  // a stand-in backward pass
+          grads[f].resize(view->pooled[f].size());
+          for (size_t i = 0; i < grads[f].size(); ++i) grads[f][i] = 0.01f * view->pooled[f][i];
+          spans[f] = grads[f];
+        }
+        status = pipe.Push(t, spans);
+        if (!status.ok()) break;
+      }
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      if (status.ok()) status = pipe.Close();
+      const PipelineStats st = pipe.Stats();
+      std::lock_guard<std::mutex> lock(mu);
+      if (!status.ok() && r.status.ok()) r.status = status;
+      r.steps += t;
+      seconds_sum += elapsed;
+      r.wait_ms.insert(r.wait_ms.end(), waits.begin(), waits.end());
+      r.keys += st.keys;
+      r.unique_keys += st.unique_keys;
+      r.bytes += st.bytes_sent + st.bytes_received;
+    });
+  }
+  for (auto& t : threads) t.join();
+  r.seconds = seconds_sum / c.pipelines;
+  return r;
+}
+
+int Run() {
+  ClientOptions options;
+  options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  const auto features = ReferenceFeatures(absl::GetFlag(FLAGS_scale_down));
+  const uint32_t dim = absl::GetFlag(FLAGS_dim);
+  for (const Feature& f : features) {
+    if (absl::Status s = (*client)->CreateTable(ReferenceTableConfig(f, dim)); !s.ok()) {
+      std::fprintf(stderr, "create table %s: %s\n", f.table.c_str(), s.ToString().c_str());
+      return 1;
+    }
+  }
+  const std::vector<FeatureSpec> specs = ReferenceFeatureSpecs(features);
+  const int pipelines = absl::GetFlag(FLAGS_pipelines);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  std::vector<std::vector<Batch>> batches(pipelines);
+  for (int p = 0; p < pipelines; ++p) {
+    BatchGenerator gen(features, absl::GetFlag(FLAGS_batch), seed + p);
+    for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches[p].push_back(gen.Next());
+  }
+  const bool busy = absl::GetFlag(FLAGS_compute_mode) == "busy";
+  std::vector<double> computes;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_compute_ms), ',')) {
+    computes.push_back(std::stod(std::string(s)));
+  }
+  std::printf("ember-trainer: %zu shards, %d pipelines, 17 features (cardinality / %lu), batch %d, "
+              "dim %u, staleness %d, compute %s, %.0f s per run, seed %lu, %u cores\n",
+              options.shards.size(), pipelines,
+              static_cast<unsigned long>(absl::GetFlag(FLAGS_scale_down)), absl::GetFlag(FLAGS_batch),
+              dim, absl::GetFlag(FLAGS_staleness), busy ? "busy-wait" : "sleep",
+              absl::GetFlag(FLAGS_seconds), static_cast<unsigned long>(seed),
+              std::thread::hardware_concurrency());
+  std::fflush(stdout);
+
+  uint32_t worker_base = 0;
+  if (absl::GetFlag(FLAGS_warmup_seconds) > 0) {
+    Config warm{pipelines, 0, false, absl::GetFlag(FLAGS_warmup_seconds)};
+    RunResult w = RunEmber(client->get(), warm, true, worker_base, specs, batches);
+    worker_base += 100;
+    if (!w.status.ok()) {
+      std::fprintf(stderr, "warm-up: %s\n", w.status.ToString().c_str());
+      return 1;
+    }
+    std::printf("warm-up: %lld steps in %.1f s\n", static_cast<long long>(w.steps), w.seconds);
+  }
+
+  struct Row {
+    double compute;
+    const char* mode;
+    RunResult r;
+    double baseline_ms;
+  };
+  std::vector<Row> rows;
+  const int total = static_cast<int>(computes.size()) * 3;
+  int done = 0;
+  for (double ms : computes) {
+    Config c{pipelines, ms, busy, absl::GetFlag(FLAGS_seconds)};
+    RunResult base = RunBaseline(c);
+    const double base_ms = base.StepMs(pipelines);
+    std::printf("[%d/%d] compute %g ms, no embeddings: %.3f ms/step\n", ++done, total, ms, base_ms);
+    std::fflush(stdout);
+    rows.push_back({ms, "no embeddings", base, base_ms});
+    for (bool prefetch : {false, true}) {
+      RunResult r = RunEmber(client->get(), c, prefetch, worker_base, specs, batches);
+      worker_base += 100;
+      if (!r.status.ok()) {
+        std::fprintf(stderr, "compute %g ms prefetch %s: %s\n", ms, prefetch ? "on" : "off",
+                     r.status.ToString().c_str());
+        return 1;
+      }
+      std::printf("[%d/%d] compute %g ms, prefetch %s: %.0f steps/s, %.3f ms/step\n", ++done, total,
+                  ms, prefetch ? "on" : "off", r.StepsPerSecond(), r.StepMs(pipelines));
+      std::fflush(stdout);
+      rows.push_back({ms, prefetch ? "prefetch on" : "prefetch off", std::move(r), base_ms});
+    }
+  }
+
+  std::printf("\n| compute | mode | steps/s (all pipelines) | step ms | exposed wait ms mean | "
+              "wait p99 ms | efficiency | unique keys/step | KB/step |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (Row& row : rows) {
+    RunResult& r = row.r;
+    const double step_ms = r.StepMs(pipelines);
+    if (std::string(row.mode) == "no embeddings") {
+      std::printf("| %g ms | %s | %.0f | %.3f | - | - | 1 | - | - |\n", row.compute, row.mode,
+                  r.StepsPerSecond(), step_ms);
+      continue;
+    }
+    std::printf("| %g ms | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f |\n", row.compute,
+                row.mode, r.StepsPerSecond(), step_ms, r.MeanWaitMs(), r.WaitMs(0.99),
+                row.baseline_ms / step_ms, r.steps ? double(r.unique_keys) / r.steps : 0,
+                r.steps ? r.bytes / 1024.0 / r.steps : 0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // See server/main.cc: Debian's debug-mode Abseil would run its deadlock
+  // detector on every gRPC mutex.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return ember::bench::Run();
+}
