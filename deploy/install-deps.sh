@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential cmake pkgconf git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
+  redis-server libhiredis-dev
 )
 
 missing=()

@@ -1,0 +1,378 @@
+// ember-lookup-bench: WORKLOAD.md item 2 against a running cluster. The same
+// step requests of the 17-feature workload (keys deduplicated per table,
+// one request per shard per step, all shards in parallel) go to Ember over
+// gRPC (Lookup, then Push) and, when --redis names one redis-server per
+// shard holding the same rows, to Redis as one MGET per shard per step.
+// Systems alternate round by round; medians are printed with their ratio.
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/reference_workload.h"
+#include "client/dedup.h"
+#include "common/wire.h"
+#include "ember/client.h"
+
+ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
+ABSL_FLAG(std::string, redis, "", "Comma-separated redis-server host:port, one per shard; empty: no Redis.");
+ABSL_FLAG(std::string, pipelines, "1,4", "Concurrent step pipelines to measure, comma-separated.");
+ABSL_FLAG(int, steps, 200, "Step requests per pipeline per round.");
+ABSL_FLAG(int, rounds, 5, "Rounds per system (alternating); medians are reported.");
+ABSL_FLAG(int, dim, 8, "Embedding dimension.");
+ABSL_FLAG(int, batch, 128, "Examples per step.");
+ABSL_FLAG(uint64_t, scale_down, 1, "Divide every cardinality by this.");
+ABSL_FLAG(uint64_t, seed, 42, "Seed of the id streams (pipeline p uses seed + p).");
+
+namespace ember::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One step of one pipeline, ready to send.
+struct StepRequest {
+  std::vector<v1::LookupRequest> lookup;  // per shard
+  std::vector<v1::PushRequest> push;      // per shard, same keys
+  std::vector<std::vector<uint64_t>> redis_keys;  // per shard: every table's keys, concatenated
+  uint64_t keys = 0;         // ids in the batch
+  uint64_t unique = 0;       // rows fetched
+  uint64_t payload = 0;      // key bytes sent + row bytes received by a lookup
+};
+
+std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uint32_t shards,
+                                       uint32_t dim, int steps, uint64_t seed) {
+  BatchGenerator gen(features, absl::GetFlag(FLAGS_batch), seed);
+  std::vector<StepRequest> out(steps);
+  KeyDeduplicator dedup;
+  std::vector<uint32_t> inverse;
+  for (StepRequest& r : out) {
+    Batch b = gen.Next();
+    r.lookup.resize(shards);
+    r.push.resize(shards);
+    r.redis_keys.resize(shards);
+    for (size_t f = 0; f < features.size(); ++f) {
+      dedup.Clear();
+      inverse.clear();
+      dedup.Add(b.features[f].keys, &inverse);
+      r.keys += b.features[f].keys.size();
+      std::vector<std::vector<uint64_t>> per_shard(shards);
+      for (uint64_t k : dedup.unique()) per_shard[ShardOf(k, shards)].push_back(k);
+      for (uint32_t s = 0; s < shards; ++s) {
+        if (per_shard[s].empty()) continue;
+        v1::TableLookup* t = r.lookup[s].add_tables();
+        t->set_table(features[f].table);
+        t->set_keys(PackKeys(per_shard[s]));
+        v1::TableGradients* g = r.push[s].add_tables();
+        g->set_table(features[f].table);
+        g->set_keys(t->keys());
+        std::vector<float> grads(per_shard[s].size() * dim, 0.001f);
+        g->set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+        r.redis_keys[s].insert(r.redis_keys[s].end(), per_shard[s].begin(), per_shard[s].end());
+        r.unique += per_shard[s].size();
+        r.payload += per_shard[s].size() * (8 + dim * 4);
+      }
+    }
+  }
+  return out;
+}
+
+struct Sample {
+  double seconds = 0;
+  uint64_t keys = 0, unique = 0, payload = 0;
+  std::vector<double> latency_ms;
+};
+
+// Runs every pipeline's steps on its own thread; `step(p, i)` sends one.
+template <typename StepFn>
+Sample RunThreads(const std::vector<std::vector<StepRequest>>& streams, int pipelines, StepFn step) {
+  Sample s;
+  absl::Mutex mu;
+  std::atomic<bool> failed{false};
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int p = 0; p < pipelines; ++p) {
+    threads.emplace_back([&, p] {
+      std::vector<double> lat;
+      uint64_t keys = 0, unique = 0, payload = 0;
+      for (size_t i = 0; i < streams[p].size() && !failed; ++i) {
+        const auto t0 = Clock::now();
+        if (!step(p, i)) {
+          failed = true;
+          return;
+        }
+        lat.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        keys += streams[p][i].keys;
+        unique += streams[p][i].unique;
+        payload += streams[p][i].payload;
+      }
+      absl::MutexLock lock(&mu);
+      s.latency_ms.insert(s.latency_ms.end(), lat.begin(), lat.end());
+      s.keys += keys;
+      s.unique += unique;
+      s.payload += payload;
+    });
+  }
+  for (auto& t : threads) t.join();
+  s.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (failed) s.seconds = -1;
+  return s;
+}
+
+// One blocking hiredis connection per shard.
+struct RedisConns {
+  std::vector<redisContext*> c;
+  ~RedisConns() {
+    for (redisContext* x : c) redisFree(x);
+  }
+};
+
+bool ConnectRedis(const std::vector<std::string>& addrs, RedisConns* out) {
+  for (const std::string& a : addrs) {
+    std::vector<std::string> hp = absl::StrSplit(a, ':');
+    int port = 0;
+    if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) return false;
+    redisContext* c = redisConnect(hp[0].c_str(), port);
+    if (c == nullptr || c->err) {
+      std::fprintf(stderr, "redis %s: %s\n", a.c_str(), c ? c->errstr : "cannot connect");
+      if (c) redisFree(c);
+      return false;
+    }
+    out->c.push_back(c);
+  }
+  return true;
+}
+
+// MGET of each shard's keys, all shards pipelined, then every reply read.
+// With `rows`, the values are checked to be dim * 4 bytes and copied out.
+bool RedisMget(RedisConns& conns, const StepRequest& r, size_t row_bytes,
+               std::vector<std::string>* rows) {
+  std::vector<const char*> argv;
+  std::vector<size_t> argl;
+  std::vector<bool> sent(conns.c.size(), false);
+  for (size_t s = 0; s < conns.c.size(); ++s) {
+    const std::vector<uint64_t>& keys = r.redis_keys[s];
+    if (keys.empty()) continue;
+    argv.assign({"MGET"});
+    argl.assign({4});
+    for (const uint64_t& k : keys) {
+      argv.push_back(reinterpret_cast<const char*>(&k));
+      argl.push_back(8);
+    }
+    if (redisAppendCommandArgv(conns.c[s], static_cast<int>(argv.size()), argv.data(),
+                               argl.data()) != REDIS_OK) {
+      return false;
+    }
+    sent[s] = true;
+  }
+  for (size_t s = 0; s < conns.c.size(); ++s) {
+    if (!sent[s]) continue;
+    void* reply = nullptr;
+    if (redisGetReply(conns.c[s], &reply) != REDIS_OK || reply == nullptr) return false;
+    redisReply* rr = static_cast<redisReply*>(reply);
+    bool ok = rr->type == REDIS_REPLY_ARRAY && rr->elements == r.redis_keys[s].size();
+    for (size_t i = 0; ok && i < rr->elements; ++i) {
+      ok = rr->element[i]->type == REDIS_REPLY_STRING && rr->element[i]->len == row_bytes;
+      if (ok && rows) rows->emplace_back(rr->element[i]->str, rr->element[i]->len);
+    }
+    freeReplyObject(reply);
+    if (!ok) {
+      std::fprintf(stderr, "redis shard %zu: MGET answered a missing or malformed row\n", s);
+      return false;
+    }
+  }
+  return true;
+}
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+}
+
+struct Summary {
+  double keys_per_s, unique_per_s, mb_per_s, p50, p99, p999;
+};
+
+// Medians over rounds of the rates; latency quantiles over all samples.
+Summary Summarize(const std::vector<Sample>& rounds) {
+  std::vector<double> k, u, b, lat;
+  for (const Sample& s : rounds) {
+    k.push_back(s.keys / s.seconds);
+    u.push_back(s.unique / s.seconds);
+    b.push_back(s.payload / s.seconds / 1e6);
+    lat.insert(lat.end(), s.latency_ms.begin(), s.latency_ms.end());
+  }
+  return {Quantile(k, 0.5), Quantile(u, 0.5), Quantile(b, 0.5),
+          Quantile(lat, 0.5), Quantile(lat, 0.99), Quantile(lat, 0.999)};
+}
+
+int Run() {
+  ClientOptions options;
+  options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  const uint32_t shards = (*client)->shard_count();
+  const uint32_t dim = absl::GetFlag(FLAGS_dim);
+  const auto features = ReferenceFeatures(absl::GetFlag(FLAGS_scale_down));
+  for (const Feature& f : features) {
+    if (absl::Status s = (*client)->CreateTable(ReferenceTableConfig(f, dim)); !s.ok()) {
+      std::fprintf(stderr, "create table %s: %s\n", f.table.c_str(), s.ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<int> pipeline_counts;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_pipelines), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(p, &n) || n < 1) return 1;
+    pipeline_counts.push_back(n);
+  }
+  const int max_p = *std::max_element(pipeline_counts.begin(), pipeline_counts.end());
+  const int steps = absl::GetFlag(FLAGS_steps);
+  std::vector<std::vector<StepRequest>> streams;
+  for (int p = 0; p < max_p; ++p) {
+    streams.push_back(BuildRequests(features, shards, dim, steps, absl::GetFlag(FLAGS_seed) + p));
+  }
+  std::vector<std::string> redis_addrs;
+  if (!absl::GetFlag(FLAGS_redis).empty()) redis_addrs = absl::StrSplit(absl::GetFlag(FLAGS_redis), ',');
+  if (!redis_addrs.empty() && redis_addrs.size() != shards) {
+    std::fprintf(stderr, "--redis: expected %u addresses (one per shard), received %zu\n", shards,
+                 redis_addrs.size());
+    return 1;
+  }
+  std::printf("ember-lookup-bench: %u shards, 17 features (cardinality / %lu), batch %d, dim %u, "
+              "%d steps x %d rounds, seed %lu, %u cores%s\n",
+              shards, static_cast<unsigned long>(absl::GetFlag(FLAGS_scale_down)),
+              absl::GetFlag(FLAGS_batch), dim, steps, absl::GetFlag(FLAGS_rounds),
+              static_cast<unsigned long>(absl::GetFlag(FLAGS_seed)),
+              std::thread::hardware_concurrency(), redis_addrs.empty() ? ", no Redis" : "");
+
+  // Every key goes into Ember once (inserting its initial row); the rows
+  // Ember answered are then written to Redis, so both hold the same rows.
+  const size_t row_bytes = dim * 4;
+  RedisConns loader;
+  if (!redis_addrs.empty() && !ConnectRedis(redis_addrs, &loader)) return 1;
+  for (const auto& stream : streams) {
+    for (const StepRequest& r : stream) {
+      std::vector<v1::LookupResponse> resp;
+      if (absl::Status st = (*client)->Lookup(r.lookup, &resp); !st.ok()) {
+        std::fprintf(stderr, "lookup: %s\n", st.ToString().c_str());
+        return 1;
+      }
+      if (redis_addrs.empty()) continue;
+      for (uint32_t s = 0; s < shards; ++s) {
+        std::vector<const char*> argv = {"MSET"};
+        std::vector<size_t> argl = {4};
+        for (int t = 0; t < r.lookup[s].tables_size(); ++t) {
+          const std::string& keys = r.lookup[s].tables(t).keys();
+          const std::string& rows = resp[s].tables(t).rows();
+          for (size_t i = 0; i < keys.size() / 8; ++i) {
+            argv.push_back(keys.data() + i * 8);
+            argl.push_back(8);
+            argv.push_back(rows.data() + i * row_bytes);
+            argl.push_back(row_bytes);
+          }
+        }
+        if (argv.size() == 1) continue;
+        redisReply* reply = static_cast<redisReply*>(
+            redisCommandArgv(loader.c[s], static_cast<int>(argv.size()), argv.data(), argl.data()));
+        if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
+          std::fprintf(stderr, "redis MSET failed\n");
+          return 1;
+        }
+        freeReplyObject(reply);
+      }
+    }
+  }
+  if (!redis_addrs.empty()) {
+    // Same rows: Redis's answer to the first step equals Ember's.
+    const StepRequest& r = streams[0][0];
+    std::vector<std::string> redis_rows;
+    if (!RedisMget(loader, r, row_bytes, &redis_rows)) return 1;
+    std::vector<v1::LookupResponse> resp;
+    if (!(*client)->Lookup(r.lookup, &resp).ok()) return 1;
+    size_t i = 0;
+    bool same = true;
+    for (uint32_t s = 0; s < shards; ++s) {
+      for (const v1::TableRows& t : resp[s].tables()) {
+        for (size_t j = 0; j < t.rows().size() / row_bytes; ++j, ++i) {
+          same = same && redis_rows[i] == t.rows().substr(j * row_bytes, row_bytes);
+        }
+      }
+    }
+    std::printf("rows: Redis and Ember return identical bytes for step 0 (%zu rows): %s\n", i,
+                same ? "yes" : "NO");
+    if (!same) return 1;
+  }
+
+  std::printf("\n| pipelines | system | keys/s | unique rows/s | payload MB/s | p50 ms | p99 ms | "
+              "p999 ms |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int pipelines : pipeline_counts) {
+    std::vector<Sample> ember_lookup, ember_push, redis;
+    std::vector<std::unique_ptr<RedisConns>> conns(pipelines);
+    for (int p = 0; p < pipelines && !redis_addrs.empty(); ++p) {
+      conns[p] = std::make_unique<RedisConns>();
+      if (!ConnectRedis(redis_addrs, conns[p].get())) return 1;
+    }
+    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+      ember_lookup.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
+        std::vector<v1::LookupResponse> resp;
+        return (*client)->Lookup(streams[p][i].lookup, &resp).ok();
+      }));
+      if (!redis_addrs.empty()) {
+        redis.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
+          return RedisMget(*conns[p], streams[p][i], row_bytes, nullptr);
+        }));
+      }
+      ember_push.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
+        std::vector<v1::PushResponse> resp;
+        return (*client)->Push(streams[p][i].push, &resp).ok();
+      }));
+      for (auto* v : {&ember_lookup, &ember_push, &redis}) {
+        if (!v->empty() && v->back().seconds < 0) {
+          std::fprintf(stderr, "a request failed\n");
+          return 1;
+        }
+      }
+    }
+    auto print = [&](const char* name, const Summary& s) {
+      std::printf("| %d | %s | %.0f | %.0f | %.1f | %.3f | %.3f | %.3f |\n", pipelines, name,
+                  s.keys_per_s, s.unique_per_s, s.mb_per_s, s.p50, s.p99, s.p999);
+    };
+    const Summary el = Summarize(ember_lookup);
+    print("Ember Lookup (gRPC)", el);
+    print("Ember Push (gRPC)", Summarize(ember_push));
+    if (!redis.empty()) {
+      const Summary rs = Summarize(redis);
+      print("Redis MGET", rs);
+      std::printf("| %d | Ember Lookup / Redis MGET | %.2fx | %.2fx | | | | |\n", pipelines,
+                  el.keys_per_s / rs.keys_per_s, el.unique_per_s / rs.unique_per_s);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // See server/main.cc: Debian's debug-mode Abseil would run its deadlock
+  // detector on every gRPC mutex.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return ember::bench::Run();
+}
