@@ -23,8 +23,8 @@ struct Step {
   std::vector<std::vector<uint32_t>> inverse;  // per feature: unique index of each id
   // members[shard][table]: indices of the table's unique keys owned by shard.
   std::vector<std::vector<std::vector<uint32_t>>> members;
-  // key_bytes[shard][table]: those keys packed for the wire (lookup and push).
-  std::vector<std::vector<std::string>> key_bytes;
+  // The lookup sent to each shard; the push takes its packed keys over.
+  std::vector<v1::LookupRequest> lookups;
   std::vector<std::vector<float>> pooled;    // per feature, [batch, dim]
   std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push
   bool ready = false;
@@ -210,30 +210,28 @@ class StepPipeline::Impl {
       s.unique[tb] = dedup_.unique();
     }
     s.members.assign(shards, std::vector<std::vector<uint32_t>>(tables));
-    s.key_bytes.assign(shards, std::vector<std::string>(tables));
     uint64_t unique_keys = 0;
     for (size_t tb = 0; tb < tables; ++tb) {
       const std::vector<uint64_t>& keys = s.unique[tb];
       unique_keys += keys.size();
       for (uint32_t u = 0; u < keys.size(); ++u) s.members[client_->ShardOf(keys[u])][tb].push_back(u);
-      for (uint32_t sh = 0; sh < shards; ++sh) {
-        const std::vector<uint32_t>& m = s.members[sh][tb];
-        std::string& bytes = s.key_bytes[sh][tb];
-        bytes.resize(m.size() * 8);
-        for (size_t j = 0; j < m.size(); ++j) memcpy(&bytes[j * 8], &keys[m[j]], 8);
-      }
     }
-    std::vector<v1::LookupRequest> requests(shards);
+    // Keys are packed straight into the requests; Push later moves them into
+    // its own requests, so each key is copied onto the wire once.
+    s.lookups.assign(shards, {});
     uint64_t sent = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
-      v1::LookupRequest& r = requests[sh];
+      v1::LookupRequest& r = s.lookups[sh];
       for (size_t tb = 0; tb < tables; ++tb) {
-        if (s.members[sh][tb].empty()) continue;
+        const std::vector<uint32_t>& m = s.members[sh][tb];
+        if (m.empty()) continue;
         v1::TableLookup* t = r.add_tables();
         t->set_table(tables_[tb]);
-        t->set_keys(s.key_bytes[sh][tb]);
         t->set_dtype(v1::DTYPE_FP32);
-        sent += s.key_bytes[sh][tb].size();
+        std::string* bytes = t->mutable_keys();
+        bytes->resize(m.size() * 8);
+        for (size_t j = 0; j < m.size(); ++j) memcpy(bytes->data() + j * 8, &s.unique[tb][m[j]], 8);
+        sent += bytes->size();
       }
       if (options_.staleness >= 0 && r.tables_size() > 0) {
         r.set_step(s.step);
@@ -242,9 +240,10 @@ class StepPipeline::Impl {
       }
     }
     std::vector<v1::LookupResponse> responses;
-    EMBER_RETURN_IF_ERROR(client_->Lookup(requests, &responses));
+    EMBER_RETURN_IF_ERROR(client_->Lookup(s.lookups, &responses));
 
-    std::vector<std::vector<float>> rows(tables);
+    std::vector<std::vector<float>>& rows = rows_scratch_;  // fetch thread only
+    rows.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) rows[tb].resize(s.unique[tb].size() * table_dim_[tb]);
     uint64_t received = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
@@ -281,10 +280,11 @@ class StepPipeline::Impl {
   }
 
   // Backward of pooling into per-unique-key gradients, one Push per shard.
-  absl::Status SendGradients(const Step& s) {
+  absl::Status SendGradients(Step& s) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
-    std::vector<std::vector<float>> grads(tables);
+    std::vector<std::vector<float>>& grads = grads_scratch_;  // push thread only
+    grads.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) grads[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
     for (size_t f = 0; f < feature_table_.size(); ++f) {
       const FeatureBatch& fb = s.batch.features[f];
@@ -298,13 +298,14 @@ class StepPipeline::Impl {
       v1::PushRequest& r = requests[sh];
       r.set_worker_id(options_.worker_id);
       r.set_step(s.step);
+      int entry = 0;
       for (size_t tb = 0; tb < tables; ++tb) {
         const std::vector<uint32_t>& m = s.members[sh][tb];
         if (m.empty()) continue;
         const size_t dim = table_dim_[tb];
         v1::TableGradients* t = r.add_tables();
         t->set_table(tables_[tb]);
-        t->set_keys(s.key_bytes[sh][tb]);
+        t->mutable_keys()->swap(*s.lookups[sh].mutable_tables(entry++)->mutable_keys());
         t->set_dtype(v1::DTYPE_FP32);
         std::string* g = t->mutable_gradients();
         g->resize(m.size() * dim * 4);
@@ -349,7 +350,9 @@ class StepPipeline::Impl {
   std::vector<int> feature_table_;       // feature -> index in tables_
   std::vector<uint32_t> feature_dim_;
   std::vector<std::string> feature_names_;
-  KeyDeduplicator dedup_;  // used by the fetch thread only
+  KeyDeduplicator dedup_;                          // fetch thread only
+  std::vector<std::vector<float>> rows_scratch_;   // fetch thread only
+  std::vector<std::vector<float>> grads_scratch_;  // push thread only
   bool registered_ = false;
   bool closed_ = false;
   absl::Status close_status_;
