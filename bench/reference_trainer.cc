@@ -56,7 +56,7 @@ struct RunResult {
   double seconds = 0;        // mean over pipelines of their measured time
   int64_t steps = 0;         // over all pipelines
   std::vector<double> wait_ms;  // one per step
-  uint64_t keys = 0, unique_keys = 0, bytes = 0;
+  uint64_t keys = 0, unique_keys = 0, bytes = 0, rpcs = 0;
   absl::Status status;
 
   double StepsPerSecond() const { return seconds > 0 ? steps / seconds : 0; }
@@ -122,6 +122,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   }
   std::vector<std::thread> threads;
   double seconds_sum = 0;
+  const uint64_t rpcs_before = client->Stats().rpcs;
   for (int p = 0; p < c.pipelines; ++p) {
     threads.emplace_back([&, p] {
       StepPipeline& pipe = *pipes[p];
@@ -169,6 +170,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   }
   for (auto& t : threads) t.join();
   r.seconds = seconds_sum / c.pipelines;
+  r.rpcs = client->Stats().rpcs - rpcs_before;
   return r;
 }
 
@@ -254,20 +256,20 @@ int Run() {
   }
 
   std::printf("\n| compute | mode | steps/s (all pipelines) | step ms | exposed wait ms mean | "
-              "wait p99 ms | efficiency | unique keys/step | KB/step |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "wait p99 ms | efficiency | unique keys/step | KB/step | RPCs/step |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (Row& row : rows) {
     RunResult& r = row.r;
     const double step_ms = r.StepMs(pipelines);
     if (std::string(row.mode) == "no embeddings") {
-      std::printf("| %g ms | %s | %.0f | %.3f | - | - | 1 | - | - |\n", row.compute, row.mode,
+      std::printf("| %g ms | %s | %.0f | %.3f | - | - | 1 | - | - | - |\n", row.compute, row.mode,
                   r.StepsPerSecond(), step_ms);
       continue;
     }
-    std::printf("| %g ms | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f |\n", row.compute,
-                row.mode, r.StepsPerSecond(), step_ms, r.MeanWaitMs(), r.WaitMs(0.99),
+    std::printf("| %g ms | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f | %.2f |\n",
+                row.compute, row.mode, r.StepsPerSecond(), step_ms, r.MeanWaitMs(), r.WaitMs(0.99),
                 row.baseline_ms / step_ms, r.steps ? double(r.unique_keys) / r.steps : 0,
-                r.steps ? r.bytes / 1024.0 / r.steps : 0);
+                r.steps ? r.bytes / 1024.0 / r.steps : 0, r.steps ? double(r.rpcs) / r.steps : 0);
   }
   return 0;
 }

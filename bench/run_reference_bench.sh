@@ -24,8 +24,8 @@ else
   echo "redis-server not installed: the Redis peer is skipped"
 fi
 echo "== lookup and push over gRPC (WORKLOAD.md item 2)"
-build/bench/ember-lookup-bench --shards="$SHARD_ADDRESSES" $redis_flag --dim="$DIM"
+"${EMBER_BUILD_DIR:-build}/bench/ember-lookup-bench" --shards="$SHARD_ADDRESSES" $redis_flag --dim="$DIM"
 echo
 echo "== the reference trainer (WORKLOAD.md item 3)"
-build/bench/ember-trainer --shards="$SHARD_ADDRESSES" --seconds="$SECONDS_PER_RUN" --dim="$DIM"
+"${EMBER_BUILD_DIR:-build}/bench/ember-trainer" --shards="$SHARD_ADDRESSES" --seconds="$SECONDS_PER_RUN" --dim="$DIM"
 stop_cluster

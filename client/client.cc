@@ -289,6 +289,25 @@ absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
       });
 }
 
+absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
+                              std::vector<v1::ExchangeResponse>* responses) {
+  if (requests.size() != shard_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("Exchange: expected ", shard_count(),
+                                                   " requests (one per shard), received ",
+                                                   requests.size()));
+  }
+  std::vector<bool> active(shard_count());
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    active[i] = requests[i].has_push() || requests[i].has_lookup();
+  }
+  return impl_->CallShards(
+      "Exchange", requests, active, responses, impl_->options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* req,
+          v1::ExchangeResponse* resp, std::function<void(grpc::Status)> done) {
+        impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+      });
+}
+
 absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {
   std::vector<v1::RegisterWorkerRequest> requests(shard_count());
   for (auto& r : requests) {

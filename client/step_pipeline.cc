@@ -2,14 +2,15 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <mutex>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
 #include "client/pooling.h"
-#include "client/serial_worker.h"
 #include "common/status_macros.h"
 
 namespace ember {
@@ -27,8 +28,7 @@ struct Step {
   std::vector<v1::LookupRequest> lookups;
   std::vector<std::vector<float>> pooled;    // per feature, [batch, dim]
   std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push
-  bool ready = false;
-  absl::Status status;
+  bool ready = false;  // the fetch finished (or failed: see the pipeline's error)
 };
 
 }  // namespace
@@ -67,6 +67,7 @@ class StepPipeline::Impl {
       feature_names_.push_back(f.name);
     }
     next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
+    pushed_upto_ = options_.first_step - 1;
     if (options_.staleness >= 0) {
       EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
       registered_ = true;
@@ -94,8 +95,9 @@ class StepPipeline::Impl {
       ++next_prefetch_;
       steps_.push_back(s);
       stats_.keys += CountKeys(s->batch);
+      jobs_.push_back({Job::kFetch, s, absl::Now()});
     }
-    fetcher_.Schedule([this, s] { Finish(s, Fetch(*s)); });
+    cv_.notify_all();
     return absl::OkStatus();
   }
 
@@ -105,6 +107,11 @@ class StepPipeline::Impl {
       return absl::FailedPreconditionError(absl::StrCat(
           "Wait: expected step ", next_wait_,
           next_wait_ >= next_prefetch_ ? " (prefetch it first)" : "", ", received ", step));
+    }
+    if (options_.staleness >= 0 && step - options_.staleness - 1 >= next_push_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Wait for step ", step, " with staleness ", options_.staleness,
+          " needs this worker's push of step ", step - options_.staleness - 1, " first"));
     }
     std::shared_ptr<Step> s = steps_[step - steps_.front()->step];
     const absl::Time start = absl::Now();
@@ -158,14 +165,18 @@ class StepPipeline::Impl {
       steps_.pop_front();
       ++next_push_;
       ++pushes_in_flight_;
+      jobs_.push_back({Job::kPush, s, absl::Now()});
     }
-    pusher_.Schedule([this, s] { FinishPush(SendGradients(*s)); });
+    cv_.notify_all();
     return absl::OkStatus();
   }
 
   absl::Status Flush() {
     std::unique_lock<std::mutex> lock(mu_);
+    ++flushers_;  // held pushes go out now
+    cv_.notify_all();
     cv_.wait(lock, [&] { return pushes_in_flight_ == 0; });
+    --flushers_;
     return error_;
   }
 
@@ -173,12 +184,21 @@ class StepPipeline::Impl {
     if (closed_) return close_status_;
     closed_ = true;
     close_status_ = Flush();
+    {
+      // Fetches still queued are dropped (their steps will never be waited).
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (net_.joinable()) net_.join();
     if (registered_) {
       absl::Status s = client_->UnregisterWorker(options_.worker_id);
       if (close_status_.ok()) close_status_ = s;
     }
     return close_status_;
   }
+
+  void Start() { net_ = std::thread([this] { NetLoop(); }); }
 
   uint32_t dim(size_t feature) const { return feature_dim_.at(feature); }
   int depth() const { return depth_; }
@@ -188,14 +208,120 @@ class StepPipeline::Impl {
   }
 
  private:
+  struct Job {
+    enum Kind { kFetch, kPush } kind;
+    std::shared_ptr<Step> step;
+    absl::Time queued;
+  };
+
+  // How long a push waits for the next fetch to share its round trip. The
+  // trainer's next Prefetch normally follows Push at once; the bound keeps a
+  // trainer that pauses from holding back other workers' lookups.
+  static constexpr absl::Duration kPushHold = absl::Milliseconds(2);
+
   static uint64_t CountKeys(const Batch& b) {
     uint64_t n = 0;
     for (const FeatureBatch& f : b.features) n += f.keys.size();
     return n;
   }
 
-  // Dedup per table, route, one Lookup per shard, scatter, pool.
-  absl::Status Fetch(Step& s) {
+  // The network thread: one Exchange per shard at a time, each carrying the
+  // oldest push and/or the oldest fetch. Rules, under mu_:
+  //  - a fetch for step t (staleness s >= 0) is not sent before this worker's
+  //    push of step t - s - 1: the shard would wait for it;
+  //  - a push goes with the fetch queued right after it (pushes always belong
+  //    to earlier steps than queued fetches, so applying it first is right),
+  //    or alone after kPushHold, or at once when flushing or stopping.
+  // Returns false when the pipeline stops.
+  bool NextExchange(std::shared_ptr<Step>* push, std::shared_ptr<Step>* fetch) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (stopping_) {
+        for (Job& j : jobs_) {
+          if (j.kind == Job::kFetch) {
+            j.step->ready = true;  // never waited: Close came first
+          } else {
+            *push = j.step;  // Close flushed, so this does not happen
+          }
+        }
+        jobs_.clear();
+        cv_.notify_all();
+        return *push != nullptr;
+      }
+      if (jobs_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      const Job front = jobs_.front();
+      const Job* next = jobs_.size() > 1 ? &jobs_[1] : nullptr;
+      if (front.kind == Job::kPush) {
+        if (next != nullptr && next->kind == Job::kFetch) {
+          *push = front.step;
+          *fetch = next->step;
+          jobs_.erase(jobs_.begin(), jobs_.begin() + 2);
+          return true;
+        }
+        const absl::Time until = front.queued + kPushHold;
+        if (flushers_ == 0 && absl::Now() < until) {
+          cv_.wait_until(lock, absl::ToChronoTime(until));
+          continue;
+        }
+        *push = front.step;
+        jobs_.pop_front();
+        return true;
+      }
+      // The front is a fetch. Queued pushes all belong to earlier steps
+      // (Push(x) needs Wait(x), so every fetch up to x is done).
+      auto first_push = std::find_if(jobs_.begin() + 1, jobs_.end(),
+                                     [](const Job& j) { return j.kind == Job::kPush; });
+      if (options_.staleness >= 0) {
+        const int64_t needed = front.step->step - options_.staleness - 1;
+        if (needed > pushed_upto_) {
+          if (first_push == jobs_.end()) {
+            cv_.wait(lock);  // the trainer has not pushed that step yet
+            continue;
+          }
+          *push = first_push->step;
+          jobs_.erase(first_push);
+          if ((*push)->step >= needed) {
+            *fetch = front.step;
+            jobs_.pop_front();
+          }
+          return true;
+        }
+      }
+      *fetch = front.step;
+      if (first_push != jobs_.end()) {
+        *push = first_push->step;
+        jobs_.erase(first_push);
+      }
+      jobs_.pop_front();
+      return true;
+    }
+  }
+
+  void NetLoop() {
+    for (;;) {
+      std::shared_ptr<Step> push, fetch;
+      if (!NextExchange(&push, &fetch)) return;
+      absl::Status status = SendExchange(push.get(), fetch.get());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!status.ok() && error_.ok()) error_ = status;
+        if (fetch) fetch->ready = true;
+        if (push) {
+          --pushes_in_flight_;
+          ++stats_.steps_pushed;
+          if (status.ok()) pushed_upto_ = push->step;
+        }
+      }
+      cv_.notify_all();
+    }
+  }
+
+  // Dedup per table and route: fills s.unique, s.inverse, s.members and
+  // s.lookups. Returns the unique key count.
+  uint64_t BuildLookup(Step& s) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
     s.unique.assign(tables, {});
@@ -216,10 +342,9 @@ class StepPipeline::Impl {
       unique_keys += keys.size();
       for (uint32_t u = 0; u < keys.size(); ++u) s.members[client_->ShardOf(keys[u])][tb].push_back(u);
     }
-    // Keys are packed straight into the requests; Push later moves them into
-    // its own requests, so each key is copied onto the wire once.
+    // Keys are packed straight into the requests; the push later moves them
+    // into its own requests, so each key is copied onto the wire once.
     s.lookups.assign(shards, {});
-    uint64_t sent = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
       v1::LookupRequest& r = s.lookups[sh];
       for (size_t tb = 0; tb < tables; ++tb) {
@@ -231,7 +356,6 @@ class StepPipeline::Impl {
         std::string* bytes = t->mutable_keys();
         bytes->resize(m.size() * 8);
         for (size_t j = 0; j < m.size(); ++j) memcpy(bytes->data() + j * 8, &s.unique[tb][m[j]], 8);
-        sent += bytes->size();
       }
       if (options_.staleness >= 0 && r.tables_size() > 0) {
         r.set_step(s.step);
@@ -239,28 +363,33 @@ class StepPipeline::Impl {
         r.set_worker_id(options_.worker_id);
       }
     }
-    std::vector<v1::LookupResponse> responses;
-    EMBER_RETURN_IF_ERROR(client_->Lookup(s.lookups, &responses));
+    return unique_keys;
+  }
 
-    std::vector<std::vector<float>>& rows = rows_scratch_;  // fetch thread only
+  // Scatters the shards' rows to unique rows and pools them per feature.
+  absl::Status FinishLookup(Step& s, const std::vector<v1::ExchangeResponse>& responses) {
+    const size_t tables = tables_.size();
+    std::vector<std::vector<float>>& rows = rows_scratch_;  // network thread only
     rows.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) rows[tb].resize(s.unique[tb].size() * table_dim_[tb]);
     uint64_t received = 0;
-    for (uint32_t sh = 0; sh < shards; ++sh) {
+    for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
       int entry = 0;
       for (size_t tb = 0; tb < tables; ++tb) {
         const std::vector<uint32_t>& m = s.members[sh][tb];
         if (m.empty()) continue;
         const size_t dim = table_dim_[tb];
-        const v1::TableRows& r = responses[sh].tables(entry++);
-        if (r.rows().size() != m.size() * dim * 4) {
+        const v1::LookupResponse& lookup = responses[sh].lookup();
+        if (entry >= lookup.tables_size() || lookup.tables(entry).rows().size() != m.size() * dim * 4) {
           return absl::InternalError(absl::StrCat(
               client_->ShardName(sh), " table '", tables_[tb], "' field 'rows': expected ",
-              m.size() * dim * 4, " bytes, received ", r.rows().size()));
+              m.size() * dim * 4, " bytes, received ",
+              entry < lookup.tables_size() ? lookup.tables(entry).rows().size() : 0));
         }
-        received += r.rows().size();
+        const std::string& r = lookup.tables(entry++).rows();
+        received += r.size();
         for (size_t j = 0; j < m.size(); ++j) {
-          memcpy(&rows[tb][m[j] * dim], r.rows().data() + j * dim * 4, dim * 4);
+          memcpy(&rows[tb][m[j] * dim], r.data() + j * dim * 4, dim * 4);
         }
       }
     }
@@ -273,17 +402,17 @@ class StepPipeline::Impl {
                   rows[tb].data(), table_dim_[tb], s.pooled[f].data());
     }
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.unique_keys += unique_keys;
-    stats_.bytes_sent += sent;
     stats_.bytes_received += received;
     return absl::OkStatus();
   }
 
-  // Backward of pooling into per-unique-key gradients, one Push per shard.
-  absl::Status SendGradients(Step& s) {
+  // Backward of pooling into per-unique-key gradients: one PushRequest per
+  // shard (every shard, so that its clock advances), keys taken over from
+  // the step's lookups. Returns the payload bytes.
+  uint64_t BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
-    std::vector<std::vector<float>>& grads = grads_scratch_;  // push thread only
+    std::vector<std::vector<float>>& grads = grads_scratch_;  // network thread only
     grads.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) grads[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
     for (size_t f = 0; f < feature_table_.size(); ++f) {
@@ -292,10 +421,10 @@ class StepPipeline::Impl {
       PoolBackward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
                    s.d_pooled[f].data(), table_dim_[tb], grads[tb].data());
     }
-    std::vector<v1::PushRequest> requests(shards);
+    requests->assign(shards, {});
     uint64_t sent = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
-      v1::PushRequest& r = requests[sh];
+      v1::PushRequest& r = (*requests)[sh];
       r.set_worker_id(options_.worker_id);
       r.set_step(s.step);
       int entry = 0;
@@ -315,31 +444,41 @@ class StepPipeline::Impl {
         sent += t->keys().size() + g->size();
       }
     }
-    std::vector<v1::PushResponse> responses;
-    EMBER_RETURN_IF_ERROR(client_->Push(requests, &responses));
+    return sent;
+  }
+
+  // One Exchange per shard carrying `push` (gradients of an earlier step)
+  // and/or `fetch` (the rows of a later one).
+  absl::Status SendExchange(Step* push, Step* fetch) {
+    const uint32_t shards = client_->shard_count();
+    std::vector<v1::ExchangeRequest> requests(shards);
+    uint64_t sent = 0, unique_keys = 0;
+    if (push) {
+      std::vector<v1::PushRequest> pushes;
+      sent += BuildPush(*push, &pushes);
+      for (uint32_t sh = 0; sh < shards; ++sh) requests[sh].mutable_push()->Swap(&pushes[sh]);
+    }
+    if (fetch) {
+      unique_keys = BuildLookup(*fetch);
+      for (uint32_t sh = 0; sh < shards; ++sh) {
+        if (fetch->lookups[sh].tables_size() == 0) continue;
+        for (const v1::TableLookup& t : fetch->lookups[sh].tables()) sent += t.keys().size();
+        requests[sh].mutable_lookup()->Swap(&fetch->lookups[sh]);
+      }
+    }
+    std::vector<v1::ExchangeResponse> responses;
+    absl::Status status = client_->Exchange(requests, &responses);
+    if (fetch) {
+      // The keys come back to the step for its push.
+      for (uint32_t sh = 0; sh < shards; ++sh) {
+        if (requests[sh].has_lookup()) fetch->lookups[sh].Swap(requests[sh].mutable_lookup());
+      }
+      if (status.ok()) status = FinishLookup(*fetch, responses);
+    }
     std::lock_guard<std::mutex> lock(mu_);
+    stats_.unique_keys += unique_keys;
     stats_.bytes_sent += sent;
-    return absl::OkStatus();
-  }
-
-  void Finish(const std::shared_ptr<Step>& s, absl::Status status) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      s->status = status;
-      s->ready = true;
-      if (!status.ok() && error_.ok()) error_ = status;
-    }
-    cv_.notify_all();
-  }
-
-  void FinishPush(absl::Status status) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --pushes_in_flight_;
-      ++stats_.steps_pushed;
-      if (!status.ok() && error_.ok()) error_ = status;
-    }
-    cv_.notify_all();
+    return status;
   }
 
   Client* const client_;
@@ -350,9 +489,9 @@ class StepPipeline::Impl {
   std::vector<int> feature_table_;       // feature -> index in tables_
   std::vector<uint32_t> feature_dim_;
   std::vector<std::string> feature_names_;
-  KeyDeduplicator dedup_;                          // fetch thread only
-  std::vector<std::vector<float>> rows_scratch_;   // fetch thread only
-  std::vector<std::vector<float>> grads_scratch_;  // push thread only
+  KeyDeduplicator dedup_;                          // network thread only
+  std::vector<std::vector<float>> rows_scratch_;   // network thread only
+  std::vector<std::vector<float>> grads_scratch_;  // network thread only
   bool registered_ = false;
   bool closed_ = false;
   absl::Status close_status_;
@@ -360,16 +499,15 @@ class StepPipeline::Impl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Step>> steps_;  // prefetched, not pushed, in step order
+  std::deque<Job> jobs_;                     // for the network thread, in call order
   int64_t next_prefetch_ = 0, next_wait_ = 0, next_push_ = 0;
+  int64_t pushed_upto_ = -1;  // this worker's pushes are applied up to this step
   int pushes_in_flight_ = 0;
+  int flushers_ = 0;
+  bool stopping_ = false;
   absl::Status error_;  // the first failure; every later call returns it
   PipelineStats stats_;
-
- public:
-  // Declared last: destroyed first, so their threads stop before the state
-  // above goes away.
-  SerialWorker fetcher_;
-  SerialWorker pusher_;
+  std::thread net_;
 };
 
 StepPipeline::StepPipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -382,6 +520,7 @@ absl::StatusOr<std::unique_ptr<StepPipeline>> StepPipeline::Create(Client* clien
                                                                    PipelineOptions options) {
   auto impl = std::make_unique<Impl>(client, std::move(options));
   EMBER_RETURN_IF_ERROR(impl->Init());
+  impl->Start();
   return std::unique_ptr<StepPipeline>(new StepPipeline(std::move(impl)));
 }
 

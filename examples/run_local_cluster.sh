@@ -18,6 +18,6 @@ EMBER_TARGETS="ember-server ember-trainer" bash scripts/build.sh
 
 source scripts/local_cluster.sh
 start_shards "$SHARDS" --worker_threads=4
-build/bench/ember-trainer --shards="$SHARD_ADDRESSES" --seconds="$SECONDS_PER_RUN" \
+"${EMBER_BUILD_DIR:-build}/bench/ember-trainer" --shards="$SHARD_ADDRESSES" --seconds="$SECONDS_PER_RUN" \
   --pipelines=4 --dim=8 --compute_ms=0,1,5 --staleness=1
 stop_cluster

@@ -26,7 +26,7 @@ start_shards() {
   shift
   local addresses=() i port
   for ((i = 0; i < n; i++)); do
-    build/server/ember-server --address=127.0.0.1 --port=0 --shard_index="$i" \
+    "${EMBER_BUILD_DIR:-build}/server/ember-server" --address=127.0.0.1 --port=0 --shard_index="$i" \
       --shard_count="$n" "$@" >"$CLUSTER_DIR/shard$i.out" 2>"$CLUSTER_DIR/shard$i.log" &
     SHARD_PIDS+=($!)
   done

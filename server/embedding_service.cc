@@ -11,17 +11,20 @@ bool Expired(grpc::ServerContext* context) {
   return context->deadline() < std::chrono::system_clock::now();
 }
 
+// The call's deadline, which also bounds a lookup's consistency wait.
+absl::Time Deadline(grpc::ServerContext* context) {
+  return context->deadline() == std::chrono::system_clock::time_point::max()
+             ? absl::InfiniteFuture()
+             : absl::FromChrono(context->deadline());
+}
+
 }  // namespace
 
 grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           const v1::LookupRequest* request,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
-  // The deadline also bounds the wait for the consistency clock.
-  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
-                                  ? absl::InfiniteFuture()
-                                  : absl::FromChrono(context->deadline());
-  return ToGrpcStatus(shard_->Lookup(*request, response, deadline));
+  return ToGrpcStatus(shard_->Lookup(*request, response, Deadline(context)));
 }
 
 grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
@@ -29,6 +32,13 @@ grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         v1::PushResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
   return ToGrpcStatus(shard_->Push(*request, response));
+}
+
+grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
+                                            const v1::ExchangeRequest* request,
+                                            v1::ExchangeResponse* response) {
+  if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
+  return ToGrpcStatus(shard_->Exchange(*request, response, Deadline(context)));
 }
 
 grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext*,

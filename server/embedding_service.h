@@ -15,6 +15,8 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
                       v1::LookupResponse* response) override;
   grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
                     v1::PushResponse* response) override;
+  grpc::Status Exchange(grpc::ServerContext* context, const v1::ExchangeRequest* request,
+                        v1::ExchangeResponse* response) override;
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;

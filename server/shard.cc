@@ -262,6 +262,18 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
   return applied;
 }
 
+absl::Status Shard::Exchange(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
+                             absl::Time deadline) {
+  if (request.has_push()) {
+    EMBER_RETURN_IF_ERROR(Push(request.push(), response->mutable_push()));
+  }
+  if (!request.has_lookup()) return absl::OkStatus();
+  absl::Status looked_up = Lookup(request.lookup(), response->mutable_lookup(), deadline);
+  if (looked_up.ok() || !request.has_push()) return looked_up;
+  return absl::Status(looked_up.code(),
+                      absl::StrCat("push applied; lookup: ", looked_up.message()));
+}
+
 absl::Status Shard::Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
                           v1::PushResponse* response) {
   for (int i = 0; i < request.tables_size(); ++i) {

@@ -63,6 +63,9 @@ class Shard {
   absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
                       absl::Time deadline = absl::InfiniteFuture());
   absl::Status Push(const v1::PushRequest& request, v1::PushResponse* response);
+  // Push, then Lookup; see EmbeddingService.Exchange.
+  absl::Status Exchange(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
+                        absl::Time deadline = absl::InfiniteFuture());
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);
   void UnregisterWorker(const v1::UnregisterWorkerRequest& request,

@@ -77,6 +77,10 @@ class Client {
   // advance the worker's clock).
   absl::Status Push(absl::Span<const v1::PushRequest> requests,
                     std::vector<v1::PushResponse>* responses);
+  // requests[i] is sent to shard i, all in parallel; a shard whose request
+  // has neither a push nor a lookup is skipped. See EmbeddingService.Exchange.
+  absl::Status Exchange(absl::Span<const v1::ExchangeRequest> requests,
+                        std::vector<v1::ExchangeResponse>* responses);
   // On every shard.
   absl::Status RegisterWorker(uint32_t worker_id, int64_t first_step);
   absl::Status UnregisterWorker(uint32_t worker_id);
