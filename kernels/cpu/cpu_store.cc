@@ -26,7 +26,6 @@ constexpr size_t kMinChunkRows = 16;
 constexpr size_t kMaxChunkRows = 4096;
 constexpr size_t kMaxChunkBytes = 256 * 1024;
 // Keys ahead whose index line a push prefetches while it updates a row.
-constexpr size_t kPrefetchDistance = 12;
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
@@ -520,9 +519,24 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
   // Writers start at different stripes so that concurrent pushes spread out
   // instead of queueing behind each other in stripe order.
   const uint32_t start = clock & (num_stripes_ - 1);
+  // A push spreads over many stripes with few keys each, so the prefetching
+  // runs across stripes: the index lines of the next stripe are requested
+  // (through the lock-free index views; a prefetch never faults) while this
+  // one is updated, and this stripe's records are requested, under its lock,
+  // before the first of them is touched.
+  auto prefetch_index_lines = [&](uint32_t si) {
+    const uint32_t* index = stripes_[si].index_view.load(std::memory_order_relaxed);
+    const size_t mask = stripes_[si].index_mask_view.load(std::memory_order_relaxed);
+    if (!index) return;
+    for (uint32_t k = b.offsets[si]; k < b.offsets[si + 1]; ++k) {
+      Prefetch(index + (b.slots[k].hash & mask));
+    }
+  };
+  prefetch_index_lines(start);
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     const uint32_t si = (start + i) & (num_stripes_ - 1);
     const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+    if (i + 1 < num_stripes_) prefetch_index_lines((si + 1) & (num_stripes_ - 1));
     if (begin == end) continue;
     // Sort the stripe's keys, keeping request order among duplicates, so
     // that duplicates are summed in a fixed order.
@@ -532,25 +546,20 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     });
     Stripe& s = stripes_[si];
     WriterLock lock(&s.mu);
+    if (s.index) {
+      for (uint32_t k = begin; k < end; ++k) {
+        const uint64_t h = b.slots[k].hash;
+        const uint32_t e = s.index[h & s.index_mask];
+        if (e != 0 && (e & 0xffu) == TagOf(h)) {
+          const uint8_t* rec = Record(s, EntryRow(e));
+          Prefetch(rec);
+          Prefetch(rec + stride_ - 1);
+        }
+      }
+    }
     for (uint32_t k = begin; k < end;) {
       const Slot& first = b.slots[k];
       const uint64_t key = keys[first.pos];
-      // Two stages ahead: the index line of a key 2D slots on, and the
-      // record its home entry points at D slots on (that line came in by now).
-      if (s.index) {
-        if (k + 2 * kPrefetchDistance < end) {
-          Prefetch(&s.index[b.slots[k + 2 * kPrefetchDistance].hash & s.index_mask]);
-        }
-        if (k + kPrefetchDistance < end) {
-          const uint64_t h = b.slots[k + kPrefetchDistance].hash;
-          const uint32_t e = s.index[h & s.index_mask];
-          if (e != 0 && (e & 0xffu) == TagOf(h)) {
-            const uint8_t* rec = Record(s, EntryRow(e));
-            Prefetch(rec);
-            Prefetch(rec + state_offset_ + state_floats_ * sizeof(float) - 1);
-          }
-        }
-      }
       ConvertElements(grads + first.pos * grad_row, grad_dtype, g.data(), DType::kFp32, dim_);
       for (++k; k < end && keys[b.slots[k].pos] == key; ++k) {
         const uint8_t* more = grads + b.slots[k].pos * grad_row;
