@@ -118,11 +118,16 @@ CpuStore::CpuStore(const TableConfig& config)
   value_offset_ = has_step_ ? 16 : 12;
   state_offset_ = value_offset_ + ((value_bytes_ + 3) & ~size_t{3});
   stride_ = state_offset_ + state_floats_ * sizeof(float);
-  // Small tables get one stripe (exact eviction order); large ones up to 256.
+  // Small tables get one stripe (exact eviction order); large ones up to 64.
+  // Stripes cost per request, not per row: a request's keys for one table
+  // spread over all stripes, and each stripe touched costs a lock (a cache
+  // miss on its mutex) and its passes. Trainer requests carry tens to a few
+  // hundred keys per table, so unbounded tables get kUnboundedStripes, and
+  // bounded ones one stripe per 8192 rows.
   if (config.capacity == 0) {
-    num_stripes_ = kMaxStripes;
+    num_stripes_ = kUnboundedStripes;
   } else {
-    uint64_t want = std::max<uint64_t>(1, config.capacity / 1024);
+    uint64_t want = std::max<uint64_t>(1, config.capacity / 8192);
     num_stripes_ = static_cast<uint32_t>(std::min<uint64_t>(kMaxStripes, std::bit_floor(want)));
   }
   const uint32_t bits = static_cast<uint32_t>(std::countr_zero(num_stripes_));

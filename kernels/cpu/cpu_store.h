@@ -37,6 +37,9 @@ class CpuStore final : public EmbeddingStore {
   // Most rows one stripe can index (24-bit row numbers).
   static constexpr uint32_t kMaxRowsPerStripe = (1u << 24) - 1;
   static constexpr uint32_t kMaxStripes = 64;
+  // Stripes of a table without a capacity: at most kUnboundedStripes x
+  // kMaxRowsPerStripe (about 268M) rows per table per shard.
+  static constexpr uint32_t kUnboundedStripes = 16;
   // Rows sampled to choose an eviction victim.
   static constexpr uint32_t kEvictionSample = 16;
 
