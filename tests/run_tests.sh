@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds, runs every CTest test
 # (unit, integration with real ember-server processes; GPU tests skip without
-# a GPU), then the concurrency tests again under ThreadSanitizer, and the
-# store, shard and server integration tests under AddressSanitizer + UBSan.
+# a GPU), then the concurrency tests again under ThreadSanitizer (store
+# stress, shard and SSP, and the client against real shards), and the store,
+# shard, server and client tests under AddressSanitizer + UBSan.
 #   bash tests/run_tests.sh          # everything
 #   EMBER_SKIP_TSAN=1 EMBER_SKIP_ASAN=1 bash tests/run_tests.sh
 set -euo pipefail
@@ -13,19 +14,29 @@ bash scripts/build.sh
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
-  echo "== ThreadSanitizer: store and shard concurrency tests"
-  EMBER_BUILD_DIR=build-tsan EMBER_TARGETS="store_test shard_test" scripts/build.sh \
-    -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+  echo "== ThreadSanitizer: store, shard, SSP and client concurrency tests"
+  EMBER_BUILD_DIR=build-tsan EMBER_TARGETS="store_test shard_test client_test client_integration_test" \
+    scripts/build.sh -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/shard_test
+  # The client under TSan talks to regular shard processes; gRPC and Abseil
+  # are not TSan-built, tests/tsan.supp says which of their reports to drop.
+  export EMBER_SERVER_BIN="$PWD/build/server/ember-server"
+  TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" build-tsan/tests/client_test
+  TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
+    build-tsan/tests/client_integration_test
+  unset EMBER_SERVER_BIN
 fi
 if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
-  echo "== AddressSanitizer + UBSan: store, shard and server integration tests"
-  EMBER_BUILD_DIR=build-asan EMBER_TARGETS="store_test shard_test server_integration_test" \
+  echo "== AddressSanitizer + UBSan: store, shard, server and client tests"
+  EMBER_BUILD_DIR=build-asan \
+    EMBER_TARGETS="store_test shard_test server_integration_test client_test client_integration_test" \
     scripts/build.sh -DEMBER_ASAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
   build-asan/tests/store_test
   build-asan/tests/shard_test
   build-asan/tests/server_integration_test
+  build-asan/tests/client_test
+  build-asan/tests/client_integration_test
 fi
 echo "== all tests passed"

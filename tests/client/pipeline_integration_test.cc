@@ -207,7 +207,7 @@ class PipelineIntegrationTest : public ::testing::Test {
 };
 
 TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASingleProcessReference) {
-  StartShards(3);
+  ASSERT_NO_FATAL_FAILURE(StartShards(3));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
   ASSERT_OK(pipe);
   constexpr int kSteps = 300;
@@ -219,7 +219,7 @@ TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASinglePr
 }
 
 TEST_F(PipelineIntegrationTest, TwoSynchronousWorkersInParallelEachMatchTheirReference) {
-  StartShards(2);
+  ASSERT_NO_FATAL_FAILURE(StartShards(2));
   constexpr int kSteps = 150;
   const uint64_t bases[2] = {0, 1'000'000};  // disjoint keys: each worker's result is deterministic
   std::vector<std::unique_ptr<StepPipeline>> pipes;
@@ -299,7 +299,7 @@ void RunStalenessCheck(Client* client, int staleness, int* stale_reads) {
 }
 
 TEST_F(PipelineIntegrationTest, StalenessBoundHoldsOverTheWireWithPrefetch) {
-  StartShards(2);
+  ASSERT_NO_FATAL_FAILURE(StartShards(2));
   for (int s : {0, 1}) {
     ASSERT_OK(client_->CreateTable(CountingTable(absl::StrCat("counter", s), 1)));
     int stale_reads = -1;
@@ -309,7 +309,7 @@ TEST_F(PipelineIntegrationTest, StalenessBoundHoldsOverTheWireWithPrefetch) {
 }
 
 TEST_F(PipelineIntegrationTest, KeysAreDeduplicatedPerTableBeforeTheNetwork) {
-  StartShards(2);
+  ASSERT_NO_FATAL_FAILURE(StartShards(2));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, -1);
   ASSERT_OK(pipe);
   // "user" and "topics" share table "a": key 5 appears in both and twice in one.
@@ -329,7 +329,7 @@ TEST_F(PipelineIntegrationTest, KeysAreDeduplicatedPerTableBeforeTheNetwork) {
 }
 
 TEST_F(PipelineIntegrationTest, PipelineRejectsOutOfOrderStepsAndBadGradientsChangingNothing) {
-  StartShards(2);
+  ASSERT_NO_FATAL_FAILURE(StartShards(2));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, -1);
   ASSERT_OK(pipe);
   StepPipeline& p = **pipe;
@@ -363,7 +363,7 @@ TEST_F(PipelineIntegrationTest, PipelineRejectsOutOfOrderStepsAndBadGradientsCha
 }
 
 TEST_F(PipelineIntegrationTest, UnknownTableAndMisorderedShardsAreRefusedWithClearErrors) {
-  StartShards(3);
+  ASSERT_NO_FATAL_FAILURE(StartShards(3));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe =
       NewPipeline(0, 0, {{"user", "nope", Combiner::kSum}});
   EXPECT_EQ(pipe.status().code(), absl::StatusCode::kNotFound);
