@@ -7,6 +7,8 @@
 //   (prefetch(t + depth) before computing t).
 // Prints steps/s, step time, the exposed embedding wait per step and the
 // efficiency = baseline step time / step time.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/reference_workload.h"
@@ -23,7 +26,8 @@
 #include "ember/step_pipeline.h"
 
 ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
-ABSL_FLAG(int, pipelines, 4, "Step pipelines (simulated GPUs), one thread each.");
+ABSL_FLAG(std::string, pipelines, "4",
+          "Step pipelines (simulated GPUs), one thread each; a comma-separated list runs each.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension of every table.");
 ABSL_FLAG(int, batch, 128, "Examples per step per pipeline.");
 ABSL_FLAG(uint64_t, scale_down, 1, "Divide every cardinality by this (100: the test variant).");
@@ -41,6 +45,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 void Compute(double ms, bool busy) {
   if (ms <= 0) return;
   if (!busy) {
@@ -57,6 +67,7 @@ struct RunResult {
   int64_t steps = 0;         // over all pipelines
   std::vector<double> wait_ms;  // one per step
   uint64_t keys = 0, unique_keys = 0, bytes = 0, rpcs = 0;
+  double cpu_seconds = 0;  // of this trainer process, all threads
   absl::Status status;
 
   double StepsPerSecond() const { return seconds > 0 ? steps / seconds : 0; }
@@ -123,6 +134,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   std::vector<std::thread> threads;
   double seconds_sum = 0;
   const uint64_t rpcs_before = client->Stats().rpcs;
+  const double cpu_before = ProcessCpuSeconds();
   for (int p = 0; p < c.pipelines; ++p) {
     threads.emplace_back([&, p] {
       StepPipeline& pipe = *pipes[p];
@@ -171,6 +183,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   for (auto& t : threads) t.join();
   r.seconds = seconds_sum / c.pipelines;
   r.rpcs = client->Stats().rpcs - rpcs_before;
+  r.cpu_seconds = ProcessCpuSeconds() - cpu_before;
   return r;
 }
 
@@ -191,10 +204,15 @@ int Run() {
     }
   }
   const std::vector<FeatureSpec> specs = ReferenceFeatureSpecs(features);
-  const int pipelines = absl::GetFlag(FLAGS_pipelines);
+  std::vector<int> pipeline_counts;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_pipelines), ',')) {
+    pipeline_counts.push_back(std::stoi(std::string(p)));
+    if (pipeline_counts.back() < 1) return 1;
+  }
+  const int max_pipelines = *std::max_element(pipeline_counts.begin(), pipeline_counts.end());
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  std::vector<std::vector<Batch>> batches(pipelines);
-  for (int p = 0; p < pipelines; ++p) {
+  std::vector<std::vector<Batch>> batches(max_pipelines);
+  for (int p = 0; p < max_pipelines; ++p) {
     BatchGenerator gen(features, absl::GetFlag(FLAGS_batch), seed + p);
     for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches[p].push_back(gen.Next());
   }
@@ -203,9 +221,9 @@ int Run() {
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_compute_ms), ',')) {
     computes.push_back(std::stod(std::string(s)));
   }
-  std::printf("ember-trainer: %zu shards, %d pipelines, 17 features (cardinality / %lu), batch %d, "
+  std::printf("ember-trainer: %zu shards, pipelines %s, 17 features (cardinality / %lu), batch %d, "
               "dim %u, staleness %d, compute %s, %.0f s per run, seed %lu, %u cores\n",
-              options.shards.size(), pipelines,
+              options.shards.size(), absl::GetFlag(FLAGS_pipelines).c_str(),
               static_cast<unsigned long>(absl::GetFlag(FLAGS_scale_down)), absl::GetFlag(FLAGS_batch),
               dim, absl::GetFlag(FLAGS_staleness), busy ? "busy-wait" : "sleep",
               absl::GetFlag(FLAGS_seconds), static_cast<unsigned long>(seed),
@@ -214,7 +232,7 @@ int Run() {
 
   uint32_t worker_base = 0;
   if (absl::GetFlag(FLAGS_warmup_seconds) > 0) {
-    Config warm{pipelines, 0, false, absl::GetFlag(FLAGS_warmup_seconds)};
+    Config warm{max_pipelines, 0, false, absl::GetFlag(FLAGS_warmup_seconds)};
     RunResult w = RunEmber(client->get(), warm, true, worker_base, specs, batches);
     worker_base += 100;
     if (!w.status.ok()) {
@@ -225,51 +243,61 @@ int Run() {
   }
 
   struct Row {
+    int pipelines;
     double compute;
     const char* mode;
     RunResult r;
     double baseline_ms;
   };
   std::vector<Row> rows;
-  const int total = static_cast<int>(computes.size()) * 3;
+  const int total = static_cast<int>(computes.size() * pipeline_counts.size()) * 3;
   int done = 0;
-  for (double ms : computes) {
-    Config c{pipelines, ms, busy, absl::GetFlag(FLAGS_seconds)};
-    RunResult base = RunBaseline(c);
-    const double base_ms = base.StepMs(pipelines);
-    std::printf("[%d/%d] compute %g ms, no embeddings: %.3f ms/step\n", ++done, total, ms, base_ms);
-    std::fflush(stdout);
-    rows.push_back({ms, "no embeddings", base, base_ms});
-    for (bool prefetch : {false, true}) {
-      RunResult r = RunEmber(client->get(), c, prefetch, worker_base, specs, batches);
-      worker_base += 100;
-      if (!r.status.ok()) {
-        std::fprintf(stderr, "compute %g ms prefetch %s: %s\n", ms, prefetch ? "on" : "off",
-                     r.status.ToString().c_str());
-        return 1;
-      }
-      std::printf("[%d/%d] compute %g ms, prefetch %s: %.0f steps/s, %.3f ms/step\n", ++done, total,
-                  ms, prefetch ? "on" : "off", r.StepsPerSecond(), r.StepMs(pipelines));
+  for (int pipelines : pipeline_counts) {
+    for (double ms : computes) {
+      Config c{pipelines, ms, busy, absl::GetFlag(FLAGS_seconds)};
+      RunResult base = RunBaseline(c);
+      const double base_ms = base.StepMs(pipelines);
+      std::printf("[%d/%d] %d pipelines, compute %g ms, no embeddings: %.3f ms/step\n", ++done,
+                  total, pipelines, ms, base_ms);
       std::fflush(stdout);
-      rows.push_back({ms, prefetch ? "prefetch on" : "prefetch off", std::move(r), base_ms});
+      rows.push_back({pipelines, ms, "no embeddings", base, base_ms});
+      for (bool prefetch : {false, true}) {
+        RunResult r = RunEmber(client->get(), c, prefetch, worker_base, specs, batches);
+        worker_base += 100;
+        if (!r.status.ok()) {
+          std::fprintf(stderr, "compute %g ms prefetch %s: %s\n", ms, prefetch ? "on" : "off",
+                       r.status.ToString().c_str());
+          return 1;
+        }
+        std::printf("[%d/%d] %d pipelines, compute %g ms, prefetch %s: %.0f steps/s, %.3f ms/step\n",
+                    ++done, total, pipelines, ms, prefetch ? "on" : "off", r.StepsPerSecond(),
+                    r.StepMs(pipelines));
+        std::fflush(stdout);
+        rows.push_back({pipelines, ms, prefetch ? "prefetch on" : "prefetch off", std::move(r), base_ms});
+      }
     }
   }
 
-  std::printf("\n| compute | mode | steps/s (all pipelines) | step ms | exposed wait ms mean | "
-              "wait p99 ms | efficiency | unique keys/step | KB/step | RPCs/step |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("\n| pipelines | compute | mode | steps/s (all pipelines) | step ms | exposed wait ms "
+              "mean | wait p99 ms | efficiency | unique keys/step | KB/step | RPCs/step | trainer CPU "
+              "ms/step |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (Row& row : rows) {
     RunResult& r = row.r;
-    const double step_ms = r.StepMs(pipelines);
+    const double step_ms = r.StepMs(row.pipelines);
     if (std::string(row.mode) == "no embeddings") {
-      std::printf("| %g ms | %s | %.0f | %.3f | - | - | 1 | - | - | - |\n", row.compute, row.mode,
-                  r.StepsPerSecond(), step_ms);
+      std::printf("| %d | %g ms | %s | %.0f | %.3f | - | - | 1 | - | - | - | - |\n", row.pipelines,
+                  row.compute, row.mode, r.StepsPerSecond(), step_ms);
       continue;
     }
-    std::printf("| %g ms | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f | %.2f |\n",
-                row.compute, row.mode, r.StepsPerSecond(), step_ms, r.MeanWaitMs(), r.WaitMs(0.99),
-                row.baseline_ms / step_ms, r.steps ? double(r.unique_keys) / r.steps : 0,
-                r.steps ? r.bytes / 1024.0 / r.steps : 0, r.steps ? double(r.rpcs) / r.steps : 0);
+    // With no compute the baseline step is empty: efficiency means nothing.
+    const std::string efficiency =
+        row.compute > 0 ? absl::StrFormat("%.3f", row.baseline_ms / step_ms) : "-";
+    std::printf("| %d | %g ms | %s | %.0f | %.3f | %.3f | %.3f | %s | %.0f | %.1f | %.2f | %.2f |\n",
+                row.pipelines, row.compute, row.mode, r.StepsPerSecond(), step_ms, r.MeanWaitMs(),
+                r.WaitMs(0.99), efficiency.c_str(), r.steps ? double(r.unique_keys) / r.steps : 0,
+                r.steps ? r.bytes / 1024.0 / r.steps : 0, r.steps ? double(r.rpcs) / r.steps : 0,
+                r.steps ? 1000.0 * r.cpu_seconds / r.steps : 0);
   }
   return 0;
 }
