@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/reference_workload.h"
 #include "client/dedup.h"
+#include "common/abseil_mode.h"
 #include "common/wire.h"
 #include "ember/client.h"
 
@@ -371,8 +372,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  // See server/main.cc: Debian's debug-mode Abseil would run its deadlock
-  // detector on every gRPC mutex.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  ember::DisableAbslDeadlockDetection();  // see common/abseil_mode.h
   return ember::bench::Run();
 }

@@ -20,8 +20,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "bench/reference_workload.h"
+#include "common/abseil_mode.h"
 #include "ember/client.h"
 #include "ember/step_pipeline.h"
 
@@ -307,8 +307,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  // See server/main.cc: Debian's debug-mode Abseil would run its deadlock
-  // detector on every gRPC mutex.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  ember::DisableAbslDeadlockDetection();  // see common/abseil_mode.h
   return ember::bench::Run();
 }

@@ -5,7 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/synchronization/mutex.h"
+#include "common/abseil_mode.h"
 #include "server/server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -30,10 +30,7 @@ ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Ember embedding shard server");
   absl::ParseCommandLine(argc, argv);
-  // Debian's Abseil is built without NDEBUG, so every absl::Mutex acquisition
-  // (gRPC's and the stores') would feed a process-wide deadlock graph behind
-  // a global lock: a fifth of a loaded shard's CPU. Ember does not need it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  ember::DisableAbslDeadlockDetection();  // see common/abseil_mode.h
   // Logs go to stderr; stdout carries only the EMBER_READY line.
   spdlog::set_default_logger(spdlog::stderr_color_mt("ember-server"));
 
