@@ -191,6 +191,10 @@ class StepPipeline::Impl {
     }
     cv_.notify_all();
     if (net_.joinable()) net_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_.ok()) error_ = absl::FailedPreconditionError("the pipeline is closed");
+    }
     if (registered_) {
       absl::Status s = client_->UnregisterWorker(options_.worker_id);
       if (close_status_.ok()) close_status_ = s;

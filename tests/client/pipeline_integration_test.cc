@@ -360,6 +360,8 @@ TEST_F(PipelineIntegrationTest, PipelineRejectsOutOfOrderStepsAndBadGradientsCha
   absl::StatusOr<std::vector<float>> after = client_->LookupRows("a", keys);
   ASSERT_OK(after);
   EXPECT_NE(*before, *after) << "the valid push was applied";
+  ASSERT_OK(p.Close());
+  EXPECT_EQ(p.Wait(1).status().code(), absl::StatusCode::kFailedPrecondition) << "closed";
 }
 
 TEST_F(PipelineIntegrationTest, UnknownTableAndMisorderedShardsAreRefusedWithClearErrors) {

@@ -98,7 +98,8 @@ class StepPipeline {
   absl::Status Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled);
   // Blocks until every push so far is acknowledged; returns the first error.
   absl::Status Flush();
-  // Flush, then unregister the worker. Idempotent.
+  // Flush, then unregister the worker. Idempotent; every other call after it
+  // fails with FAILED_PRECONDITION.
   absl::Status Close();
 
   uint32_t dim(size_t feature) const;
