@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake pkgconf git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
-  redis-server libhiredis-dev
+  redis-server libhiredis-dev libjemalloc-dev
 )
 
 missing=()
