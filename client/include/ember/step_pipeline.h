@@ -6,10 +6,11 @@
 //   pipe->Push(t, d_pooled);           // returns at once; push runs behind
 //
 // Prefetch deduplicates each table's keys (over every feature that uses the
-// table), sends one Lookup per shard for all tables, and pools the rows into
-// one dense buffer per feature. Push turns d(pooled) into one gradient per
-// unique key (duplicates summed) and sends one Push per shard, in the
-// background, in step order.
+// table) and pools the fetched rows into one dense buffer per feature. Push
+// turns d(pooled) into one gradient per unique key (duplicates summed). One
+// background thread per pipeline does both, in call order, and sends one
+// Exchange per shard per step: the gradients of one step travel with the
+// keys of a later one (docs/client.md has the rules).
 //
 // Consistency: with staleness s >= 0 the pipeline registers its worker id on
 // every shard and its lookup for step t is answered once every registered
@@ -20,6 +21,10 @@
 // Steps: Prefetch steps first_step, first_step + 1, ... in order, at most
 // prefetch_depth + 1 of them not yet pushed; Wait and Push each step once, in
 // order. Breaking these rules is FAILED_PRECONDITION and changes nothing.
+//
+// Errors: the first failure of background work (a shard's error, a spent
+// retry budget) is returned by the next Wait, Push or Flush and by every call
+// after it; the trainer cannot know which rows that step updated.
 //
 // Thread safety: one pipeline is driven from one thread at a time; different
 // pipelines (sharing one Client) may run on different threads. Memory: all
