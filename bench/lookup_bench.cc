@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/bench_util.h"
 #include "bench/reference_workload.h"
 #include "client/dedup.h"
 #include "common/abseil_mode.h"
@@ -195,12 +196,6 @@ bool RedisMget(RedisConns& conns, const StepRequest& r, size_t row_bytes,
   return true;
 }
 
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-}
-
 struct Summary {
   double keys_per_s, unique_per_s, mb_per_s, p50, p99, p999;
 };
@@ -229,18 +224,16 @@ int Run() {
   const uint32_t shards = (*client)->shard_count();
   const uint32_t dim = absl::GetFlag(FLAGS_dim);
   const auto features = ReferenceFeatures(absl::GetFlag(FLAGS_scale_down));
-  for (const Feature& f : features) {
-    if (absl::Status s = (*client)->CreateTable(ReferenceTableConfig(f, dim)); !s.ok()) {
-      std::fprintf(stderr, "create table %s: %s\n", f.table.c_str(), s.ToString().c_str());
-      return 1;
-    }
+  if (absl::Status s = CreateReferenceTables(**client, features, dim); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
   }
   std::vector<int> pipeline_counts;
-  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_pipelines), ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(p, &n) || n < 1) return 1;
-    pipeline_counts.push_back(n);
+  for (double n : ParseList(absl::GetFlag(FLAGS_pipelines))) {
+    if (n < 1) return 1;
+    pipeline_counts.push_back(static_cast<int>(n));
   }
+  if (pipeline_counts.empty()) return 1;
   const int max_p = *std::max_element(pipeline_counts.begin(), pipeline_counts.end());
   const int steps = absl::GetFlag(FLAGS_steps);
   std::vector<std::vector<StepRequest>> streams;

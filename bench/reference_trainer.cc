@@ -20,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/reference_workload.h"
 #include "common/abseil_mode.h"
 #include "ember/client.h"
@@ -73,11 +74,7 @@ struct RunResult {
   double StepsPerSecond() const { return seconds > 0 ? steps / seconds : 0; }
   // Mean time of one pipeline's step.
   double StepMs(int pipelines) const { return steps ? 1000.0 * seconds * pipelines / steps : 0; }
-  double WaitMs(double quantile) {
-    if (wait_ms.empty()) return 0;
-    std::sort(wait_ms.begin(), wait_ms.end());
-    return wait_ms[std::min(wait_ms.size() - 1, static_cast<size_t>(quantile * wait_ms.size()))];
-  }
+  double WaitMs(double quantile) const { return Quantile(wait_ms, quantile); }
   double MeanWaitMs() const {
     double s = 0;
     for (double w : wait_ms) s += w;
@@ -197,18 +194,17 @@ int Run() {
   }
   const auto features = ReferenceFeatures(absl::GetFlag(FLAGS_scale_down));
   const uint32_t dim = absl::GetFlag(FLAGS_dim);
-  for (const Feature& f : features) {
-    if (absl::Status s = (*client)->CreateTable(ReferenceTableConfig(f, dim)); !s.ok()) {
-      std::fprintf(stderr, "create table %s: %s\n", f.table.c_str(), s.ToString().c_str());
-      return 1;
-    }
+  if (absl::Status s = CreateReferenceTables(**client, features, dim); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
   }
   const std::vector<FeatureSpec> specs = ReferenceFeatureSpecs(features);
   std::vector<int> pipeline_counts;
-  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_pipelines), ',')) {
-    pipeline_counts.push_back(std::stoi(std::string(p)));
-    if (pipeline_counts.back() < 1) return 1;
+  for (double n : ParseList(absl::GetFlag(FLAGS_pipelines))) {
+    if (n < 1) return 1;
+    pipeline_counts.push_back(static_cast<int>(n));
   }
+  if (pipeline_counts.empty()) return 1;
   const int max_pipelines = *std::max_element(pipeline_counts.begin(), pipeline_counts.end());
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   std::vector<std::vector<Batch>> batches(max_pipelines);
@@ -217,10 +213,7 @@ int Run() {
     for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches[p].push_back(gen.Next());
   }
   const bool busy = absl::GetFlag(FLAGS_compute_mode) == "busy";
-  std::vector<double> computes;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_compute_ms), ',')) {
-    computes.push_back(std::stod(std::string(s)));
-  }
+  const std::vector<double> computes = ParseList(absl::GetFlag(FLAGS_compute_ms));
   std::printf("ember-trainer: %zu shards, pipelines %s, 17 features (cardinality / %lu), batch %d, "
               "dim %u, staleness %d, compute %s, %.0f s per run, seed %lu, %u cores\n",
               options.shards.size(), absl::GetFlag(FLAGS_pipelines).c_str(),

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/key_hash.h"
+#include "ember/client.h"
 #include "ember/batch.h"
 #include "ember/step_pipeline.h"
 #include "ember/v1/types.pb.h"
@@ -71,6 +73,18 @@ inline v1::TableConfig ReferenceTableConfig(const Feature& f, uint32_t dim) {
   c.mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.01f);
   c.mutable_optimizer()->mutable_adagrad()->set_initial_accumulator(0.1f);
   return c;
+}
+
+// Creates every feature's table (ReferenceTableConfig) on every shard;
+// idempotent, so every benchmark run may call it.
+inline absl::Status CreateReferenceTables(Client& client, const std::vector<Feature>& features,
+                                          uint32_t dim) {
+  for (const Feature& f : features) {
+    if (absl::Status s = client.CreateTable(ReferenceTableConfig(f, dim)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("create table ", f.table, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // One pipeline feature per table; multi-hot features are pooled by mean.

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/baselines.h"
+#include "bench/bench_util.h"
 #include "common/key_hash.h"
 #include "kernels/cpu/cpu_store.h"
 
@@ -40,23 +41,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<double> ParseList(const std::string& s) {
-  std::vector<double> out;
-  for (absl::string_view part : absl::StrSplit(s, ',')) {
-    double v;
-    if (absl::SimpleAtod(part, &v)) out.push_back(v);
-  }
-  return out;
-}
-
 size_t HeapBytes() {
   struct mallinfo2 mi = mallinfo2();
   return mi.uordblks + mi.hblkhd;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Runs fn(thread, batch_index) on `threads` threads; returns rows per second.

@@ -146,6 +146,18 @@ class Client::Impl {
   }
 
   std::vector<bool> All() const { return std::vector<bool>(embedding.size(), true); }
+
+  // ListTables on the shards marked in `active`.
+  absl::Status ListTables(const std::vector<bool>& active,
+                          std::vector<v1::ListTablesResponse>* responses) {
+    std::vector<v1::ListTablesRequest> requests(admin.size());
+    return CallShards(
+        "ListTables", absl::MakeConstSpan(requests), active, responses, options.rpc_timeout,
+        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ListTablesRequest* req,
+            v1::ListTablesResponse* resp, std::function<void(grpc::Status)> done) {
+          admin[shard]->async()->ListTables(ctx, req, resp, std::move(done));
+        });
+  }
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -215,30 +227,16 @@ absl::Status Client::CreateTable(const v1::TableConfig& config) {
 }
 
 absl::StatusOr<std::vector<v1::TableInfo>> Client::ListTables() {
-  std::vector<v1::ListTablesRequest> requests(shard_count());
   std::vector<bool> only_first(shard_count(), false);
   only_first[0] = true;
   std::vector<v1::ListTablesResponse> responses;
-  EMBER_RETURN_IF_ERROR(impl_->CallShards(
-      "ListTables", absl::MakeConstSpan(requests), only_first, &responses,
-      impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ListTablesRequest* req,
-          v1::ListTablesResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->admin[shard]->async()->ListTables(ctx, req, resp, std::move(done));
-      }));
+  EMBER_RETURN_IF_ERROR(impl_->ListTables(only_first, &responses));
   return std::vector<v1::TableInfo>(responses[0].tables().begin(), responses[0].tables().end());
 }
 
 absl::StatusOr<uint64_t> Client::StoredRows(const std::string& table) {
-  std::vector<v1::ListTablesRequest> requests(shard_count());
   std::vector<v1::ListTablesResponse> responses;
-  EMBER_RETURN_IF_ERROR(impl_->CallShards(
-      "ListTables", absl::MakeConstSpan(requests), impl_->All(), &responses,
-      impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ListTablesRequest* req,
-          v1::ListTablesResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->admin[shard]->async()->ListTables(ctx, req, resp, std::move(done));
-      }));
+  EMBER_RETURN_IF_ERROR(impl_->ListTables(impl_->All(), &responses));
   uint64_t rows = 0;
   for (uint32_t s = 0; s < shard_count(); ++s) {
     bool found = false;

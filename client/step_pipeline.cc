@@ -63,7 +63,6 @@ class StepPipeline::Impl {
         table_dim_.push_back(dim->second);
       }
       feature_table_.push_back(it->second);
-      feature_dim_.push_back(dim->second);
       feature_names_.push_back(f.name);
     }
     next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
@@ -142,17 +141,17 @@ class StepPipeline::Impl {
       s = steps_.front();
     }
     const size_t batch = s->batch.features[0].offsets.size() - 1;
-    if (d_pooled.size() != feature_dim_.size()) {
+    if (d_pooled.size() != feature_table_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("Push: expected gradients for ",
-                                                     feature_dim_.size(), " features, received ",
+                                                     feature_table_.size(), " features, received ",
                                                      d_pooled.size()));
     }
     for (size_t f = 0; f < d_pooled.size(); ++f) {
-      if (d_pooled[f].size() != batch * feature_dim_[f]) {
+      if (d_pooled[f].size() != batch * dim(f)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "feature '", feature_names_[f], "' (table '", tables_[feature_table_[f]],
-            "') field 'd_pooled': expected ", batch * feature_dim_[f], " floats (batch ", batch,
-            " x dim ", feature_dim_[f], "), received ", d_pooled[f].size()));
+            "') field 'd_pooled': expected ", batch * dim(f), " floats (batch ", batch,
+            " x dim ", dim(f), "), received ", d_pooled[f].size()));
       }
     }
     s->d_pooled.resize(d_pooled.size());
@@ -204,7 +203,7 @@ class StepPipeline::Impl {
 
   void Start() { net_ = std::thread([this] { NetLoop(); }); }
 
-  uint32_t dim(size_t feature) const { return feature_dim_.at(feature); }
+  uint32_t dim(size_t feature) const { return table_dim_[feature_table_.at(feature)]; }
   int depth() const { return depth_; }
   PipelineStats Stats() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -491,7 +490,6 @@ class StepPipeline::Impl {
   std::vector<std::string> tables_;      // distinct tables, first-use order
   std::vector<uint32_t> table_dim_;
   std::vector<int> feature_table_;       // feature -> index in tables_
-  std::vector<uint32_t> feature_dim_;
   std::vector<std::string> feature_names_;
   KeyDeduplicator dedup_;                          // network thread only
   std::vector<std::vector<float>> rows_scratch_;   // network thread only

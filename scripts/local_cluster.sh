@@ -20,13 +20,13 @@ _cluster_cleanup() {
 }
 trap _cluster_cleanup EXIT
 
-# start_shards N [extra ember-server flags...]
+# start_shards N [extra ember-server flags...]; $EMBER_SERVER_BIN overrides the binary.
 start_shards() {
   local n="$1"
   shift
   local addresses=() i port
   for ((i = 0; i < n; i++)); do
-    "${EMBER_BUILD_DIR:-build}/server/ember-server" --address=127.0.0.1 --port=0 --shard_index="$i" \
+    "${EMBER_SERVER_BIN:-${EMBER_BUILD_DIR:-build}/server/ember-server}" --address=127.0.0.1 --port=0 --shard_index="$i" \
       --shard_count="$n" "$@" >"$CLUSTER_DIR/shard$i.out" 2>"$CLUSTER_DIR/shard$i.log" &
     SHARD_PIDS+=($!)
   done

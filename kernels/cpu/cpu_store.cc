@@ -25,7 +25,6 @@ constexpr size_t kMinIndexSize = 16;
 constexpr size_t kMinChunkRows = 16;
 constexpr size_t kMaxChunkRows = 4096;
 constexpr size_t kMaxChunkBytes = 256 * 1024;
-// Keys ahead whose index line a push prefetches while it updates a row.
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 

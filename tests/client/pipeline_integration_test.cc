@@ -304,7 +304,9 @@ TEST_F(PipelineIntegrationTest, StalenessBoundHoldsOverTheWireWithPrefetch) {
     ASSERT_OK(client_->CreateTable(CountingTable(absl::StrCat("counter", s), 1)));
     int stale_reads = -1;
     RunStalenessCheck(client_.get(), s, &stale_reads);
-    if (s == 0) EXPECT_EQ(stale_reads, 0) << "s = 0 is synchronous";
+    if (s == 0) {
+      EXPECT_EQ(stale_reads, 0) << "s = 0 is synchronous";
+    }
   }
 }
 
