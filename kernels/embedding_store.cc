@@ -89,8 +89,7 @@ absl::Status EmbeddingStore::Export(ExportCursor* cursor, size_t max_rows, Expor
         absl::StrCat("table '", config_.name, "' field 'max_rows': expected > 0, received 0"));
   }
   if (cursor->done) return absl::OkStatus();
-  ExportImpl(cursor, max_rows, out);
-  return absl::OkStatus();
+  return ExportImpl(cursor, max_rows, out);
 }
 
 absl::Status EmbeddingStore::Import(const ExportedRows& rows) {
@@ -109,6 +108,12 @@ absl::Status EmbeddingStore::Import(const ExportedRows& rows) {
   EMBER_RETURN_IF_ERROR(check("scores", n, rows.scores.size()));
   if (n == 0) return absl::OkStatus();
   return ImportImpl(rows);
+}
+
+absl::Status TableFullError(const TableConfig& config, size_t failed, absl::string_view what) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table '", config.name, "' is full: ", failed, " ", what, " (capacity ", config.capacity,
+      " rows on this shard, eviction ", EvictionPolicyName(config.eviction), ")"));
 }
 
 }  // namespace ember

@@ -139,8 +139,8 @@ class EmbeddingStore {
   virtual absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
                                                         DType grad_dtype,
                                                         const uint8_t* grads) = 0;
-  virtual size_t EraseImpl(absl::Span<const uint64_t> keys) = 0;
-  virtual void ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) = 0;
+  virtual absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) = 0;
+  virtual absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) = 0;
   virtual absl::Status ImportImpl(const ExportedRows& rows) = 0;
 
  private:
@@ -149,6 +149,10 @@ class EmbeddingStore {
 
   const TableConfig config_;
 };
+
+// RESOURCE_EXHAUSTED for `failed` new keys a full table refused; `what` says
+// what became of them ("new keys not inserted", ...). Every store words it so.
+absl::Status TableFullError(const TableConfig& config, size_t failed, absl::string_view what);
 
 // Creates the host-memory store for `config` (validated here).
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> NewCpuStore(const TableConfig& config);

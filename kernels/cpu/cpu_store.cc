@@ -471,10 +471,7 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
     }
   }
   if (failed > 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table '", config().name, "' is full: ", failed, " new keys not inserted (capacity ",
-        config().capacity, " rows on this shard, eviction ",
-        EvictionPolicyName(config().eviction), ")"));
+    return TableFullError(config(), failed, "new keys not inserted");
   }
   return result;
 }
@@ -585,10 +582,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     }
   }
   if (failed > 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table '", config().name, "' is full: gradients of ", failed,
-        " new keys dropped (capacity ", config().capacity, " rows on this shard, eviction ",
-        EvictionPolicyName(config().eviction), ")"));
+    return TableFullError(config(), failed, "new keys' gradients dropped");
   }
   return result;
 }
@@ -609,7 +603,7 @@ void CpuStore::ForEachKeyLocked(absl::Span<const uint64_t> keys, Fn fn) {
   }
 }
 
-size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
+absl::StatusOr<size_t> CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
   size_t erased = 0;
   ForEachKeyLocked(keys, [&](Stripe& s, const Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const uint32_t r = FindRow(s, keys[slot.pos], slot.hash);
@@ -620,7 +614,7 @@ size_t CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
   return erased;
 }
 
-void CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) {
+absl::Status CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) {
   uint32_t si = static_cast<uint32_t>(cursor->position >> 32);
   uint32_t row = static_cast<uint32_t>(cursor->position);
   while (si < num_stripes_ && out->keys.size() < max_rows) {
@@ -644,6 +638,7 @@ void CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* o
   }
   cursor->position = (static_cast<uint64_t>(si) << 32) | row;
   cursor->done = si >= num_stripes_;
+  return absl::OkStatus();
 }
 
 absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
@@ -666,8 +661,7 @@ absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
     *ScoreOf(rec) = rows.scores[slot.pos];
   });
   if (failed > 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("table '", config().name, "' is full: ",
-                                                     failed, " imported rows not inserted"));
+    return TableFullError(config(), failed, "imported rows not inserted");
   }
   return absl::OkStatus();
 }

@@ -57,8 +57,8 @@ class CpuStore final : public EmbeddingStore {
                                       uint8_t* out, uint8_t* found, bool insert) override;
   absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
                                                 DType grad_dtype, const uint8_t* grads) override;
-  size_t EraseImpl(absl::Span<const uint64_t> keys) override;
-  void ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
+  absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) override;
+  absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
   absl::Status ImportImpl(const ExportedRows& rows) override;
 
  private:

@@ -117,7 +117,7 @@ TEST(InitializerMathTest, ConstantAndZerosFillTheRow) {
 
 template <typename Factory>
 class StoreInitializerTest : public StoreTestBase<Factory> {};
-TYPED_TEST_SUITE(StoreInitializerTest, StoreImplementations);
+TYPED_TEST_SUITE(StoreInitializerTest, StoreImplementations, StoreImplementationNames);
 
 // Two stores stand for two shards, or one shard before and after a restart.
 TYPED_TEST(StoreInitializerTest, TwoStoresWithTheSameSeedInitializeKeysIdentically) {

@@ -1,6 +1,6 @@
-// The store implementations the typed suites run against. The CUDA store
-// joins this list when it exists; a factory whose device is missing makes
-// the suite skip with a message.
+// The store implementations the typed suites run against. A factory whose
+// device is missing (no GPU here, or a build without CUDA) makes the suite
+// skip with a message saying so.
 #pragma once
 
 #include <memory>
@@ -9,6 +9,10 @@
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "kernels/embedding_store.h"
+#if EMBER_HAVE_CUDA
+#include "kernels/cuda/cuda_store.h"
+#include "kernels/cuda/device_query.h"
+#endif
 
 namespace ember::testing {
 
@@ -21,7 +25,35 @@ struct CpuStoreFactory {
   }
 };
 
-using StoreImplementations = ::testing::Types<CpuStoreFactory>;
+// The CUDA store on device 0.
+struct CudaStoreFactory {
+  static constexpr const char* kName = "cuda";
+  static std::string Unavailable() {
+#if EMBER_HAVE_CUDA
+    if (cuda::DeviceCount() == 0) return "no CUDA device here: the CUDA store runs on a GPU machine";
+    return "";
+#else
+    return "built without CUDA (EMBER_ENABLE_CUDA=OFF): no CUDA store to test";
+#endif
+  }
+  static absl::StatusOr<std::unique_ptr<EmbeddingStore>> Make(const TableConfig& c) {
+#if EMBER_HAVE_CUDA
+    return NewCudaStore(c, 0);
+#else
+    return absl::UnimplementedError("built without CUDA");
+#endif
+  }
+};
+
+using StoreImplementations = ::testing::Types<CpuStoreFactory, CudaStoreFactory>;
+
+// gtest names for the typed suites: StoreTest/cpu, StoreTest/cuda.
+struct StoreImplementationNames {
+  template <typename T>
+  static std::string GetName(int) {
+    return T::kName;
+  }
+};
 
 // Fixture base: skips when the implementation cannot run on this machine.
 template <typename Factory>

@@ -116,7 +116,7 @@ class StoreOptimizerTest : public StoreTestBase<Factory> {
     return c;
   }
 };
-TYPED_TEST_SUITE(StoreOptimizerTest, StoreImplementations);
+TYPED_TEST_SUITE(StoreOptimizerTest, StoreImplementations, StoreImplementationNames);
 
 TYPED_TEST(StoreOptimizerTest, SgdMatchesReferenceOverSixSteps) {
   this->RunAndCompare(this->Base(OptimizerKind::kSgd), 1e-6);

@@ -23,7 +23,7 @@ constexpr uint32_t kDim = 4;
 
 template <typename Factory>
 class StoreStressTest : public StoreTestBase<Factory> {};
-TYPED_TEST_SUITE(StoreStressTest, StoreImplementations);
+TYPED_TEST_SUITE(StoreStressTest, StoreImplementations, StoreImplementationNames);
 
 // Every push adds exactly 1 to each element of its keys (SGD, lr 1, g = -1),
 // so after the run each row must equal the number of pushes it received, and

@@ -38,7 +38,7 @@ class StoreTest : public StoreTestBase<Factory> {
     return row;
   }
 };
-TYPED_TEST_SUITE(StoreTest, StoreImplementations);
+TYPED_TEST_SUITE(StoreTest, StoreImplementations, StoreImplementationNames);
 
 TYPED_TEST(StoreTest, FindOfMissingKeyReturnsInitialRowWithoutStoringIt) {
   auto store = this->MakeStore(SmallTable());
