@@ -24,6 +24,8 @@ ABSL_FLAG(uint64_t, max_message_bytes, uint64_t{256} << 20,
           "Largest request or response message in bytes.");
 ABSL_FLAG(absl::Duration, max_ssp_wait, absl::Seconds(60),
           "Longest a lookup waits for slower workers' pushes (SSP), e.g. 30s.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where tables live: cpu (host memory) or cuda:N (GPU N's memory).");
 ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
           "On SIGTERM/SIGINT, how long in-flight calls may finish.");
 
@@ -44,6 +46,12 @@ int main(int argc, char** argv) {
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
+  auto device = ember::ParseStoreDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    spdlog::error("ember-server: --device: {}", device.status().ToString());
+    return 2;
+  }
+  options.shard.device = *device;
 
   // Block the stop signals in every thread (gRPC's threads inherit the mask)
   // and take them synchronously below.

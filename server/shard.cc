@@ -33,7 +33,7 @@ absl::Status ShardOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected >= 1024, received ", max_message_bytes));
   }
-  return absl::OkStatus();
+  return CheckStoreDevice(device);
 }
 
 Shard::Shard(ShardOptions options) : options_(options) {}
@@ -62,7 +62,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
     FillTableInfo(*it->second, response->mutable_table());
     return absl::OkStatus();
   }
-  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, NewCpuStore(config));
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, NewStore(config, options_.device));
   auto table = std::make_shared<Table>(Table{std::move(normalized), std::move(store)});
   response->set_created(true);
   FillTableInfo(*table, response->mutable_table());
@@ -101,7 +101,7 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_version(EMBER_VERSION);
   r->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
-  r->set_device("cpu");
+  r->set_device(options_.device.ToString());
 }
 
 absl::Status Shard::CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const {

@@ -23,6 +23,7 @@
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
 #include "kernels/embedding_store.h"
+#include "kernels/store_factory.h"
 #include "server/ssp_clock.h"
 
 namespace ember {
@@ -40,6 +41,8 @@ struct ShardOptions {
   // Longest a lookup waits for the consistency clock (its own deadline may
   // end the wait earlier).
   absl::Duration max_ssp_wait = absl::Seconds(60);
+  // Where the tables live: host memory, or one GPU's memory.
+  StoreDevice device;
 
   absl::Status Validate() const;
 };

@@ -14,6 +14,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/store_factory.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -24,7 +25,9 @@ namespace {
 constexpr uint32_t kShards = 2;
 constexpr uint64_t kMaxMessageBytes = 1 << 20;
 
-class ServerIntegrationTest : public ::testing::Test {
+// Runs against a shard whose tables live on the parameter's device ("cpu",
+// or "cuda:0" where there is a GPU).
+class ServerIntegrationTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     config_path_ = new std::string(::testing::TempDir() + "/ember_tables.textproto");
@@ -42,7 +45,11 @@ class ServerIntegrationTest : public ::testing::Test {
   static void TearDownTestSuite() { delete config_path_; }
 
   void SetUp() override {
-    auto p = ServerProcess::Start({"--shard_index=0", absl::StrCat("--shard_count=", kShards),
+    auto device = ParseStoreDevice(GetParam());
+    ASSERT_OK(device);
+    if (absl::Status s = CheckStoreDevice(*device); !s.ok()) GTEST_SKIP() << s.message();
+    auto p = ServerProcess::Start({"--device=" + GetParam(), "--shard_index=0",
+                                   absl::StrCat("--shard_count=", kShards),
                                    absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
                                    "--table_config_file=" + *config_path_});
     ASSERT_OK(p);
@@ -93,7 +100,7 @@ class ServerIntegrationTest : public ::testing::Test {
 };
 std::string* ServerIntegrationTest::config_path_ = nullptr;
 
-TEST_F(ServerIntegrationTest, HealthServiceReportsServing) {
+TEST_P(ServerIntegrationTest, HealthServiceReportsServing) {
   // No health stub is generated here: call the method generically with an
   // empty HealthCheckRequest (the whole server).
   grpc::GenericStub stub(channel_);
@@ -121,7 +128,7 @@ TEST_F(ServerIntegrationTest, HealthServiceReportsServing) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
 }
 
-TEST_F(ServerIntegrationTest, ReflectionListsTheEmberServices) {
+TEST_P(ServerIntegrationTest, ReflectionListsTheEmberServices) {
   // ServerReflectionRequest{list_services: ""} is field 7, length 0.
   grpc::GenericStub stub(channel_);
   grpc::CompletionQueue cq;
@@ -158,17 +165,17 @@ TEST_F(ServerIntegrationTest, ReflectionListsTheEmberServices) {
   EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
 }
 
-TEST_F(ServerIntegrationTest, ShardInfoReportsIdentityRoutingAndLimits) {
+TEST_P(ServerIntegrationTest, ShardInfoReportsIdentityRoutingAndLimits) {
   v1::GetShardInfoResponse info;
   ASSERT_TRUE(admin_->GetShardInfo(Context().get(), {}, &info).ok());
   EXPECT_EQ(info.shard_index(), 0u);
   EXPECT_EQ(info.shard_count(), kShards);
   EXPECT_EQ(info.routing(), "splitmix64-fastrange32");
   EXPECT_EQ(info.max_message_bytes(), kMaxMessageBytes);
-  EXPECT_EQ(info.device(), "cpu");
+  EXPECT_EQ(info.device(), GetParam());
 }
 
-TEST_F(ServerIntegrationTest, TablesFromTheConfigFileExistAtStartup) {
+TEST_P(ServerIntegrationTest, TablesFromTheConfigFileExistAtStartup) {
   v1::ListTablesResponse list;
   ASSERT_TRUE(admin_->ListTables(Context().get(), {}, &list).ok());
   ASSERT_EQ(list.tables_size(), 1);
@@ -177,7 +184,7 @@ TEST_F(ServerIntegrationTest, TablesFromTheConfigFileExistAtStartup) {
   EXPECT_EQ(list.tables(0).config().eviction(), v1::EVICTION_POLICY_LRU);
 }
 
-TEST_F(ServerIntegrationTest, PushThenLookupReturnsTheUpdatedRowsInKeyOrder) {
+TEST_P(ServerIntegrationTest, PushThenLookupReturnsTheUpdatedRowsInKeyOrder) {
   v1::LookupRequest lookup;
   v1::LookupResponse before, after;
   AddLookup(&lookup, "clicks", keys_);
@@ -205,7 +212,7 @@ TEST_F(ServerIntegrationTest, PushThenLookupReturnsTheUpdatedRowsInKeyOrder) {
   }
 }
 
-TEST_F(ServerIntegrationTest, HalfPrecisionRowsComeBackInTheRequestedDtype) {
+TEST_P(ServerIntegrationTest, HalfPrecisionRowsComeBackInTheRequestedDtype) {
   v1::LookupRequest lookup;
   v1::LookupResponse fp32, bf16;
   AddLookup(&lookup, "clicks", keys_, true);
@@ -221,7 +228,7 @@ TEST_F(ServerIntegrationTest, HalfPrecisionRowsComeBackInTheRequestedDtype) {
   }
 }
 
-TEST_F(ServerIntegrationTest, EveryBadInputGetsAClearStatusAndChangesNothing) {
+TEST_P(ServerIntegrationTest, EveryBadInputGetsAClearStatusAndChangesNothing) {
   const uint64_t rows_before = Rows("clicks");
   v1::LookupResponse lresp;
   v1::PushResponse presp;
@@ -286,7 +293,7 @@ TEST_F(ServerIntegrationTest, EveryBadInputGetsAClearStatusAndChangesNothing) {
   EXPECT_TRUE(server_->Running());
 }
 
-TEST_F(ServerIntegrationTest, DropAndRecreateTableOverTheWire) {
+TEST_P(ServerIntegrationTest, DropAndRecreateTableOverTheWire) {
   v1::CreateTableRequest create;
   *create.mutable_config() = AdagradTable("tmp", 4);
   v1::CreateTableResponse created;
@@ -300,11 +307,25 @@ TEST_F(ServerIntegrationTest, DropAndRecreateTableOverTheWire) {
               {"table 'tmp'"});
 }
 
-TEST_F(ServerIntegrationTest, SigtermShutsDownGracefullyWithExitCodeZero) {
+TEST_P(ServerIntegrationTest, SigtermShutsDownGracefullyWithExitCodeZero) {
   auto status = server_->Stop(SIGTERM, absl::Seconds(20));
   ASSERT_OK(status);
   ASSERT_TRUE(WIFEXITED(*status));
   EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ServerIntegrationTest, ::testing::Values("cpu", "cuda:0"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "cpu" ? std::string("cpu") : std::string("cuda0");
+                         });
+
+TEST(ServerStartupTest, UnknownOrMissingDeviceMakesTheServerExitWithAnError) {
+  auto p = ServerProcess::Start({"--device=tpu:0"}, absl::Seconds(20));
+  ASSERT_FALSE(p.ok());
+  // A GPU index past the machine's devices (there are never 99 here).
+  p = ServerProcess::Start({"--device=cuda:99"}, absl::Seconds(20));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnavailable) << p.status();
 }
 
 TEST(ServerStartupTest, InvalidFlagsMakeTheServerExitWithAnError) {
