@@ -1,0 +1,120 @@
+// ember::NodeExchange: the GPUs of one trainer node share their embedding
+// traffic, so that each unique key of a step is fetched and pushed once per
+// node rather than once per GPU.
+//
+// Every key has an owner rank, OwnerRank(key, ranks). One step, on every rank
+// (collectively, in the same order):
+//
+//   1. RouteKeys(my unique keys per table): the keys go to their owners; each
+//      rank gets back the union of the keys it owns (deduplicated over the
+//      node, in order of first arrival: rank 0's first).
+//   2. The rank fetches the rows of its owned keys from the cluster (one
+//      request per shard, as a single GPU would) ...
+//   3. ShareRows(owned rows): ... and sends each rank the rows it asked for;
+//      every rank gets the rows of its own unique keys, in its order.
+//   4. After the backward pass, ReduceGradients(my gradients per unique key):
+//      they go to the owners, which sum them per key in rank order; the
+//      owner pushes the sums to the cluster once.
+//
+// The sums are deterministic (rank order, whatever the thread timing).
+// Against one GPU that summed every occurrence of the node's batch in
+// order, they agree exactly whenever the additions are exact, and otherwise
+// to rounding: each rank adds its own duplicates first.
+//
+// The algorithm runs over a small transport (an all-to-all of byte blocks):
+// an in-process one (threads, for tests and single-process trainers) and an
+// NCCL one for GPUs (ember/nccl_transport.h).
+//
+// Thread safety: one NodeExchange per rank, each driven by one thread; the
+// ranks of a group run concurrently. Memory: host memory throughout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ember {
+
+// The owner of `key` among `ranks` ranks. Salted apart from the shard
+// routing so that one GPU does not own all the keys of one shard.
+uint32_t OwnerRank(uint64_t key, uint32_t ranks);
+
+// An all-to-all of byte blocks among the ranks of a group.
+class ExchangeTransport {
+ public:
+  virtual ~ExchangeTransport() = default;
+  virtual uint32_t rank() const = 0;
+  virtual uint32_t size() const = 0;
+  // Collective: every rank calls it, in the same order. send[r] (size()
+  // blocks) goes to rank r; on return recv[r] holds what rank r sent here.
+  // An error on any rank may leave the others blocked until their own
+  // transport gives up; the group is then unusable.
+  virtual absl::Status AllToAll(const std::vector<std::vector<uint8_t>>& send,
+                                std::vector<std::vector<uint8_t>>* recv) = 0;
+};
+
+// `size` connected in-process transports (rank i at index i), for one
+// thread per rank. They share state: destroy them only after every rank
+// stopped calling.
+std::vector<std::unique_ptr<ExchangeTransport>> NewInProcessTransports(uint32_t size);
+
+class NodeExchange {
+ public:
+  // `dims[t]` is table t's row width. `transport` must outlive this.
+  NodeExchange(ExchangeTransport* transport, std::vector<uint32_t> dims);
+
+  uint32_t rank() const;
+  uint32_t ranks() const;
+
+  // Step 1. `unique_keys[t]`: this rank's keys of table t, each once.
+  // Returns, per table, the keys this rank owns and must fetch and push.
+  // INVALID_ARGUMENT if the table count is wrong or a key repeats; that is
+  // found before any communication, so the other ranks' transports then
+  // time out (the in-process one after its timeout).
+  absl::StatusOr<std::vector<std::vector<uint64_t>>> RouteKeys(
+      const std::vector<std::vector<uint64_t>>& unique_keys);
+
+  // Step 3. `owned_rows[t]`: (owned keys of t) x dims[t] floats, in the order
+  // RouteKeys returned. Returns, per table, the rows of this rank's unique
+  // keys in the order given to RouteKeys.
+  absl::StatusOr<std::vector<std::vector<float>>> ShareRows(
+      const std::vector<absl::Span<const float>>& owned_rows);
+
+  // Step 4. `grads[t]`: (this rank's unique keys of t) x dims[t] floats, in
+  // RouteKeys order. Returns, per table, the summed gradients of the owned
+  // keys, in RouteKeys' returned order.
+  absl::StatusOr<std::vector<std::vector<float>>> ReduceGradients(
+      const std::vector<absl::Span<const float>>& grads);
+
+  // Bytes this rank sent and received through the transport so far.
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_received() const { return bytes_received_; }
+
+ private:
+  // Per table: which of my unique keys went to which owner, and where each
+  // owner-side key came from.
+  struct TableRoute {
+    std::vector<std::vector<uint32_t>> sent_pos;   // [owner][i]: index in my unique keys
+    std::vector<std::vector<uint32_t>> owned_idx;  // [source][i]: index in my owned keys
+    size_t mine = 0;                               // my unique keys
+    size_t owned = 0;                              // my owned keys
+  };
+
+  absl::Status Exchange(const std::vector<std::vector<uint8_t>>& send,
+                        std::vector<std::vector<uint8_t>>* recv);
+  absl::Status CheckRows(const std::vector<absl::Span<const float>>& rows, bool owned,
+                         absl::string_view what) const;
+
+  ExchangeTransport* transport_;
+  std::vector<uint32_t> dims_;
+  std::vector<TableRoute> routes_;
+  bool routed_ = false;
+  uint64_t bytes_sent_ = 0;
+  uint64_t bytes_received_ = 0;
+};
+
+}  // namespace ember
