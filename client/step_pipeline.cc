@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
+#include "client/device_step.h"
 #include "client/pooling.h"
 #include "common/status_macros.h"
 
@@ -28,6 +29,7 @@ struct Step {
   std::vector<v1::LookupRequest> lookups;
   std::vector<std::vector<float>> pooled;    // per feature, [batch, dim]
   std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push
+  std::unique_ptr<DeviceStep> dev;           // device pipelines: the step on the GPU
   bool ready = false;  // the fetch finished (or failed: see the pipeline's error)
 };
 
@@ -65,6 +67,13 @@ class StepPipeline::Impl {
       feature_table_.push_back(it->second);
       feature_names_.push_back(f.name);
     }
+    if (options_.device >= 0) {
+      DeviceStepShape shape;
+      shape.table_dim = table_dim_;
+      shape.feature_table = feature_table_;
+      for (const FeatureSpec& f : options_.features) shape.combiner.push_back(f.combiner);
+      EMBER_ASSIGN_OR_RETURN(device_, NewDeviceContext(options_.device, std::move(shape)));
+    }
     next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
     pushed_upto_ = options_.first_step - 1;
     if (options_.staleness >= 0) {
@@ -101,26 +110,8 @@ class StepPipeline::Impl {
   }
 
   absl::StatusOr<StepView> Wait(int64_t step) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (step != next_wait_ || step >= next_prefetch_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Wait: expected step ", next_wait_,
-          next_wait_ >= next_prefetch_ ? " (prefetch it first)" : "", ", received ", step));
-    }
-    if (options_.staleness >= 0 && step - options_.staleness - 1 >= next_push_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Wait for step ", step, " with staleness ", options_.staleness,
-          " needs this worker's push of step ", step - options_.staleness - 1, " first"));
-    }
-    std::shared_ptr<Step> s = steps_[step - steps_.front()->step];
-    const absl::Time start = absl::Now();
-    cv_.wait(lock, [&] { return s->ready || !error_.ok(); });
-    const double waited = absl::ToDoubleSeconds(absl::Now() - start);
-    stats_.wait_seconds += waited;
-    stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
-    ++stats_.steps_waited;
-    ++next_wait_;
-    EMBER_RETURN_IF_ERROR(error_);
+    EMBER_RETURN_IF_ERROR(CheckMode(/*device=*/false, "Wait"));
+    EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, AwaitStep(step));
     StepView view;
     view.step = step;
     view.batch_size = static_cast<int64_t>(s->batch.features[0].offsets.size()) - 1;
@@ -128,24 +119,20 @@ class StepPipeline::Impl {
     return view;
   }
 
+  absl::StatusOr<DeviceStepView> WaitOnDevice(int64_t step, DeviceStream stream) {
+    EMBER_RETURN_IF_ERROR(CheckMode(/*device=*/true, "WaitOnDevice"));
+    EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, AwaitStep(step));
+    DeviceStepView view;
+    view.step = step;
+    view.batch_size = static_cast<int64_t>(s->batch.features[0].offsets.size()) - 1;
+    EMBER_ASSIGN_OR_RETURN(view.pooled, s->dev->Forward(stream));
+    return view;
+  }
+
   absl::Status Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled) {
-    std::shared_ptr<Step> s;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      EMBER_RETURN_IF_ERROR(error_);
-      if (step != next_push_ || step >= next_wait_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Push: expected step ", next_push_, next_push_ >= next_wait_ ? " (wait for it first)" : "",
-            ", received ", step));
-      }
-      s = steps_.front();
-    }
+    EMBER_RETURN_IF_ERROR(CheckMode(/*device=*/false, "Push"));
+    EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, StepToPush(step, d_pooled.size()));
     const size_t batch = s->batch.features[0].offsets.size() - 1;
-    if (d_pooled.size() != feature_table_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("Push: expected gradients for ",
-                                                     feature_table_.size(), " features, received ",
-                                                     d_pooled.size()));
-    }
     for (size_t f = 0; f < d_pooled.size(); ++f) {
       if (d_pooled[f].size() != batch * dim(f)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -159,14 +146,22 @@ class StepPipeline::Impl {
       s->d_pooled[f].assign(d_pooled[f].begin(), d_pooled[f].end());
     }
     s->pooled.clear();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      steps_.pop_front();
-      ++next_push_;
-      ++pushes_in_flight_;
-      jobs_.push_back({Job::kPush, s, absl::Now()});
+    QueuePush(std::move(s));
+    return absl::OkStatus();
+  }
+
+  absl::Status PushFromDevice(int64_t step, const std::vector<const float*>& d_pooled,
+                              DeviceStream stream) {
+    EMBER_RETURN_IF_ERROR(CheckMode(/*device=*/true, "PushFromDevice"));
+    EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, StepToPush(step, d_pooled.size()));
+    for (size_t f = 0; f < d_pooled.size(); ++f) {
+      if (d_pooled[f] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "feature '", feature_names_[f], "' field 'd_pooled': expected a device pointer, received null"));
+      }
     }
-    cv_.notify_all();
+    EMBER_RETURN_IF_ERROR(s->dev->Backward(d_pooled, stream));
+    QueuePush(std::move(s));
     return absl::OkStatus();
   }
 
@@ -216,6 +211,82 @@ class StepPipeline::Impl {
     std::shared_ptr<Step> step;
     absl::Time queued;
   };
+
+  // Host and device pipelines each have their own Wait / Push.
+  absl::Status CheckMode(bool device, absl::string_view call) const {
+    if (device == (device_ != nullptr)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        device ? absl::StrCat(call, ": this pipeline pools on the host (PipelineOptions::device "
+                              "is -1): use Wait / Push")
+               : absl::StrCat(call, ": this pipeline delivers rows on cuda:", options_.device,
+                              ": use WaitOnDevice / PushFromDevice"));
+  }
+
+  // Wait's rules and the wait itself; the step, fetched and pooled.
+  absl::StatusOr<std::shared_ptr<Step>> AwaitStep(int64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (step != next_wait_ || step >= next_prefetch_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Wait: expected step ", next_wait_,
+          next_wait_ >= next_prefetch_ ? " (prefetch it first)" : "", ", received ", step));
+    }
+    if (options_.staleness >= 0 && step - options_.staleness - 1 >= next_push_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Wait for step ", step, " with staleness ", options_.staleness,
+          " needs this worker's push of step ", step - options_.staleness - 1, " first"));
+    }
+    std::shared_ptr<Step> s = steps_[step - steps_.front()->step];
+    const absl::Time start = absl::Now();
+    cv_.wait(lock, [&] { return s->ready || !error_.ok(); });
+    const double waited = absl::ToDoubleSeconds(absl::Now() - start);
+    stats_.wait_seconds += waited;
+    stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
+    ++stats_.steps_waited;
+    ++next_wait_;
+    EMBER_RETURN_IF_ERROR(error_);
+    return s;
+  }
+
+  // Push's rules: the step to push, if `features` gradients may be pushed now.
+  absl::StatusOr<std::shared_ptr<Step>> StepToPush(int64_t step, size_t features) {
+    std::lock_guard<std::mutex> lock(mu_);
+    EMBER_RETURN_IF_ERROR(error_);
+    if (step != next_push_ || step >= next_wait_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Push: expected step ", next_push_, next_push_ >= next_wait_ ? " (wait for it first)" : "",
+          ", received ", step));
+    }
+    if (features != feature_table_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Push: expected gradients for ",
+                                                     feature_table_.size(), " features, received ",
+                                                     features));
+    }
+    return steps_.front();
+  }
+
+  void QueuePush(std::shared_ptr<Step> s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps_.pop_front();
+      ++next_push_;
+      ++pushes_in_flight_;
+      jobs_.push_back({Job::kPush, std::move(s), absl::Now()});
+    }
+    cv_.notify_all();
+  }
+
+  // A device step for the network thread: a reused one when there is one.
+  absl::StatusOr<std::unique_ptr<DeviceStep>> AcquireDeviceStep() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_device_steps_.empty()) {
+        std::unique_ptr<DeviceStep> d = std::move(free_device_steps_.back());
+        free_device_steps_.pop_back();
+        return d;
+      }
+    }
+    return device_->NewStep();
+  }
 
   // How long a push waits for the next fetch to share its round trip. The
   // trainer's next Prefetch normally follows Push at once; the bound keeps a
@@ -372,9 +443,22 @@ class StepPipeline::Impl {
   // Scatters the shards' rows to unique rows and pools them per feature.
   absl::Status FinishLookup(Step& s, const std::vector<v1::ExchangeResponse>& responses) {
     const size_t tables = tables_.size();
-    std::vector<std::vector<float>>& rows = rows_scratch_;  // network thread only
-    rows.resize(tables);
-    for (size_t tb = 0; tb < tables; ++tb) rows[tb].resize(s.unique[tb].size() * table_dim_[tb]);
+    // Host pipelines gather the rows in scratch; device pipelines straight
+    // into the step's pinned upload.
+    std::vector<float*> rows(tables);
+    if (device_) {
+      EMBER_ASSIGN_OR_RETURN(s.dev, AcquireDeviceStep());
+      std::vector<size_t> unique(tables);
+      for (size_t tb = 0; tb < tables; ++tb) unique[tb] = s.unique[tb].size();
+      EMBER_RETURN_IF_ERROR(s.dev->Prepare(s.batch, unique, s.inverse));
+      for (size_t tb = 0; tb < tables; ++tb) rows[tb] = s.dev->StagedRows(tb);
+    } else {
+      rows_scratch_.resize(tables);  // network thread only
+      for (size_t tb = 0; tb < tables; ++tb) {
+        rows_scratch_[tb].resize(s.unique[tb].size() * table_dim_[tb]);
+        rows[tb] = rows_scratch_[tb].data();
+      }
+    }
     uint64_t received = 0;
     for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
       int entry = 0;
@@ -392,9 +476,15 @@ class StepPipeline::Impl {
         const std::string& r = lookup.tables(entry++).rows();
         received += r.size();
         for (size_t j = 0; j < m.size(); ++j) {
-          memcpy(&rows[tb][m[j] * dim], r.data() + j * dim * 4, dim * 4);
+          memcpy(rows[tb] + m[j] * dim, r.data() + j * dim * 4, dim * 4);
         }
       }
+    }
+    if (device_) {
+      EMBER_RETURN_IF_ERROR(s.dev->Upload());
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_received += received;
+      return absl::OkStatus();
     }
     s.pooled.resize(feature_table_.size());
     for (size_t f = 0; f < feature_table_.size(); ++f) {
@@ -402,7 +492,7 @@ class StepPipeline::Impl {
       const int tb = feature_table_[f];
       s.pooled[f].resize((fb.offsets.size() - 1) * table_dim_[tb]);
       PoolForward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
-                  rows[tb].data(), table_dim_[tb], s.pooled[f].data());
+                  rows[tb], table_dim_[tb], s.pooled[f].data());
     }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_received += received;
@@ -411,18 +501,27 @@ class StepPipeline::Impl {
 
   // Backward of pooling into per-unique-key gradients: one PushRequest per
   // shard (every shard, so that its clock advances), keys taken over from
-  // the step's lookups. Returns the payload bytes.
-  uint64_t BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
+  // the step's lookups. Returns the payload bytes. A device pipeline's
+  // gradients were computed on the GPU (PushFromDevice); this waits for
+  // their copy and then hands the step's device buffers back for reuse.
+  absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
-    std::vector<std::vector<float>>& grads = grads_scratch_;  // network thread only
-    grads.resize(tables);
-    for (size_t tb = 0; tb < tables; ++tb) grads[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
-    for (size_t f = 0; f < feature_table_.size(); ++f) {
-      const FeatureBatch& fb = s.batch.features[f];
-      const int tb = feature_table_[f];
-      PoolBackward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
-                   s.d_pooled[f].data(), table_dim_[tb], grads[tb].data());
+    std::vector<const float*> grads(tables);
+    if (device_) {
+      EMBER_ASSIGN_OR_RETURN(grads, s.dev->Gradients());
+    } else {
+      grads_scratch_.resize(tables);  // network thread only
+      for (size_t tb = 0; tb < tables; ++tb) {
+        grads_scratch_[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
+        grads[tb] = grads_scratch_[tb].data();
+      }
+      for (size_t f = 0; f < feature_table_.size(); ++f) {
+        const FeatureBatch& fb = s.batch.features[f];
+        const int tb = feature_table_[f];
+        PoolBackward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
+                     s.d_pooled[f].data(), table_dim_[tb], grads_scratch_[tb].data());
+      }
     }
     requests->assign(shards, {});
     uint64_t sent = 0;
@@ -442,10 +541,14 @@ class StepPipeline::Impl {
         std::string* g = t->mutable_gradients();
         g->resize(m.size() * dim * 4);
         for (size_t j = 0; j < m.size(); ++j) {
-          memcpy(g->data() + j * dim * 4, &grads[tb][m[j] * dim], dim * 4);
+          memcpy(g->data() + j * dim * 4, grads[tb] + m[j] * dim, dim * 4);
         }
         sent += t->keys().size() + g->size();
       }
+    }
+    if (s.dev) {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_device_steps_.push_back(std::move(s.dev));
     }
     return sent;
   }
@@ -458,7 +561,8 @@ class StepPipeline::Impl {
     uint64_t sent = 0, unique_keys = 0;
     if (push) {
       std::vector<v1::PushRequest> pushes;
-      sent += BuildPush(*push, &pushes);
+      EMBER_ASSIGN_OR_RETURN(const uint64_t bytes, BuildPush(*push, &pushes));
+      sent += bytes;
       for (uint32_t sh = 0; sh < shards; ++sh) requests[sh].mutable_push()->Swap(&pushes[sh]);
     }
     if (fetch) {
@@ -494,6 +598,8 @@ class StepPipeline::Impl {
   KeyDeduplicator dedup_;                          // network thread only
   std::vector<std::vector<float>> rows_scratch_;   // network thread only
   std::vector<std::vector<float>> grads_scratch_;  // network thread only
+  std::unique_ptr<DeviceContext> device_;          // device pipelines only
+  std::vector<std::unique_ptr<DeviceStep>> free_device_steps_;  // guarded by mu_
   bool registered_ = false;
   bool closed_ = false;
   absl::Status close_status_;
@@ -532,6 +638,13 @@ absl::Status StepPipeline::Prefetch(int64_t step, Batch batch) {
 absl::StatusOr<StepView> StepPipeline::Wait(int64_t step) { return impl_->Wait(step); }
 absl::Status StepPipeline::Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled) {
   return impl_->Push(step, d_pooled);
+}
+absl::StatusOr<DeviceStepView> StepPipeline::WaitOnDevice(int64_t step, DeviceStream stream) {
+  return impl_->WaitOnDevice(step, stream);
+}
+absl::Status StepPipeline::PushFromDevice(int64_t step, const std::vector<const float*>& d_pooled,
+                                          DeviceStream stream) {
+  return impl_->PushFromDevice(step, d_pooled, stream);
 }
 absl::Status StepPipeline::Flush() { return impl_->Flush(); }
 absl::Status StepPipeline::Close() { return impl_->Close(); }

@@ -3,7 +3,11 @@
 // holds over the wire, keys are deduplicated and routed, and a shard that is
 // killed and restarted mid-run costs retries, not a hang or a crash.
 #include <signal.h>
+#if EMBER_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <random>
@@ -17,7 +21,9 @@
 #include "common/status_macros.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "ember/device.h"
 #include "kernels/embedding_store.h"
+#include "kernels/store_factory.h"
 #include "server/table_config_proto.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
@@ -458,6 +464,154 @@ TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHan
   EXPECT_EQ((*pipe)->Stats().steps_pushed, kSteps);
   ASSERT_OK((*pipe)->Close());
 }
+
+// ---- The device path (PipelineOptions::device). Its GPU cases skip here
+// without a GPU and run in scripts/device_check.sh on one.
+
+bool HaveGpu() { return CheckStoreDevice(StoreDevice{StoreDevice::Kind::kCuda, 0}).ok(); }
+
+TEST_F(PipelineIntegrationTest, DevicePipelineNeedsAGpuAndItsOwnWaitAndPush) {
+  StartShards(1);
+  PipelineOptions o;
+  o.features = kFeatures;
+  o.staleness = -1;
+  o.device = 0;
+  auto dev = StepPipeline::Create(client_.get(), o);
+  if (!HaveCudaPath() || !HaveGpu()) {
+    ASSERT_FALSE(dev.ok());
+    EXPECT_EQ(dev.status().code(), absl::StatusCode::kFailedPrecondition) << dev.status();
+    EXPECT_NE(dev.status().message().find("cuda:0"), std::string::npos) << dev.status();
+  } else {
+    ASSERT_OK(dev);
+    ASSERT_OK((*dev)->Prefetch(0, MakeBatch(0, 0)));
+    auto w = (*dev)->Wait(0);
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(w.status().message().find("use WaitOnDevice"), std::string::npos) << w.status();
+  }
+  auto host = NewPipeline(0, -1);
+  ASSERT_OK(host);
+  ASSERT_OK((*host)->Prefetch(0, MakeBatch(0, 0)));
+  auto w = (*host)->WaitOnDevice(0, nullptr);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(w.status().message().find("use Wait / Push"), std::string::npos) << w.status();
+}
+
+#if EMBER_HAVE_CUDA
+// The trainer's side of a device step in this test: pooled rows come back to
+// the host only to be compared; gradients go up as a trainer's would be.
+struct DeviceTrainer {
+  explicit DeviceTrainer(StepPipeline* pipe) : pipe(pipe) { cudaStreamCreate(&stream); }
+  ~DeviceTrainer() {
+    for (float* p : d_grads) cudaFree(p);
+    cudaStreamDestroy(stream);
+  }
+  // One step: returns the pooled rows it received (host copies).
+  absl::StatusOr<std::vector<std::vector<float>>> Step(int64_t t) {
+    EMBER_ASSIGN_OR_RETURN(DeviceStepView view, pipe->WaitOnDevice(t, stream));
+    std::vector<std::vector<float>> pooled(view.pooled.size());
+    d_grads.resize(view.pooled.size(), nullptr);
+    std::vector<const float*> grads;
+    for (size_t f = 0; f < view.pooled.size(); ++f) {
+      const size_t n = view.batch_size * pipe->dim(f);
+      pooled[f].resize(n);
+      if (cudaMemcpyAsync(pooled[f].data(), view.pooled[f], n * 4, cudaMemcpyDeviceToHost,
+                          stream) != cudaSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess) {
+        return absl::InternalError("copying pooled rows back failed");
+      }
+      std::vector<float> g = LossGradient(pooled[f]);
+      if (d_grads[f] == nullptr && cudaMalloc(&d_grads[f], 1 << 20) != cudaSuccess) {
+        return absl::InternalError("cudaMalloc failed");
+      }
+      cudaMemcpyAsync(d_grads[f], g.data(), n * 4, cudaMemcpyHostToDevice, stream);
+      grads.push_back(d_grads[f]);
+    }
+    EMBER_RETURN_IF_ERROR(pipe->PushFromDevice(t, grads, stream));
+    cudaStreamSynchronize(stream);  // before d_grads is rewritten next step
+    return pooled;
+  }
+  StepPipeline* pipe;
+  cudaStream_t stream = nullptr;
+  std::vector<float*> d_grads;
+};
+
+TEST_F(PipelineIntegrationTest, DevicePipelineRowsAndUpdatesMatchTheHostPipelineBitForBit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the device path runs on a GPU machine";
+  StartShards(2);
+  ASSERT_OK(client_->CreateTable(SmallTable("da", 1)));  // twins of a and b
+  ASSERT_OK(client_->CreateTable(SmallTable("db", 2)));
+  std::vector<FeatureSpec> dev_features = kFeatures;
+  for (FeatureSpec& f : dev_features) f.table = "d" + f.table;
+  PipelineOptions o;
+  o.worker_id = 1;
+  o.features = dev_features;
+  o.staleness = -1;
+  o.device = 0;
+  auto dev = StepPipeline::Create(client_.get(), o);
+  ASSERT_OK(dev);
+  auto host = NewPipeline(0, -1);
+  ASSERT_OK(host);
+  constexpr int64_t kSteps = 40;
+  DeviceTrainer trainer(dev->get());
+  for (int64_t t = 0; t < kSteps; ++t) {
+    ASSERT_OK((*host)->Prefetch(t, MakeBatch(t, 0)));
+    ASSERT_OK((*dev)->Prefetch(t, MakeBatch(t, 0)));
+    auto h = (*host)->Wait(t);
+    ASSERT_OK(h);
+    auto d = trainer.Step(t);
+    ASSERT_OK(d);
+    for (size_t f = 0; f < kFeatures.size(); ++f) {
+      std::vector<float> hp(h->pooled[f].begin(), h->pooled[f].end());
+      ASSERT_EQ(hp, (*d)[f]) << "step " << t << " feature " << f;
+    }
+    std::vector<std::vector<float>> grads;
+    for (const auto& p : h->pooled) grads.push_back(LossGradient(p));
+    std::vector<absl::Span<const float>> spans(grads.begin(), grads.end());
+    ASSERT_OK((*host)->Push(t, spans));
+    ASSERT_OK((*host)->Flush());  // both see step t's updates at step t + 1
+    ASSERT_OK((*dev)->Flush());
+  }
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 3000; ++k) keys.push_back(k);
+  for (const char* t : {"a", "b"}) {
+    auto hr = client_->LookupRows(t, keys);
+    auto dr = client_->LookupRows(std::string("d") + t, keys);
+    ASSERT_OK(hr);
+    ASSERT_OK(dr);
+    EXPECT_EQ(*hr, *dr) << "table " << t;
+  }
+  EXPECT_GT(*client_->StoredRows("da"), 0u);
+  ASSERT_OK((*dev)->Close());
+}
+
+TEST(DeviceUniqueTest, UniqueAndInverseOnTheGpuRebuildTheKeys) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the device path runs on a GPU machine";
+  std::mt19937_64 rng(3);
+  std::vector<uint64_t> keys(100000);
+  for (uint64_t& k : keys) k = rng() % 5000 == 0 ? ~uint64_t{0} : rng() % 20000;
+  uint64_t* d_keys = nullptr;
+  uint64_t* d_unique = nullptr;
+  uint32_t* d_inverse = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_keys, keys.size() * 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_unique, keys.size() * 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_inverse, keys.size() * 4), cudaSuccess);
+  cudaMemcpy(d_keys, keys.data(), keys.size() * 8, cudaMemcpyHostToDevice);
+  auto u = DeviceUnique(d_keys, keys.size(), d_unique, d_inverse, nullptr);
+  ASSERT_OK(u);
+  std::vector<uint64_t> unique(*u);
+  std::vector<uint32_t> inverse(keys.size());
+  cudaMemcpy(unique.data(), d_unique, *u * 8, cudaMemcpyDeviceToHost);
+  cudaMemcpy(inverse.data(), d_inverse, keys.size() * 4, cudaMemcpyDeviceToHost);
+  std::vector<uint64_t> expected = keys;
+  std::sort(expected.begin(), expected.end());
+  expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
+  EXPECT_EQ(unique, expected);
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(unique[inverse[i]], keys[i]) << i;
+  cudaFree(d_keys);
+  cudaFree(d_unique);
+  cudaFree(d_inverse);
+}
+#endif  // EMBER_HAVE_CUDA
 
 }  // namespace
 }  // namespace ember::testing

@@ -6,6 +6,8 @@
 #include <random>
 
 #include "client/dedup.h"
+#include "client/pooling_math.h"
+#include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -134,6 +136,42 @@ TEST(BatchTest, MalformedBatchesAreRejectedNamingFeatureFieldAndSizes) {
     absl::Status s = ValidateBatch(b, names);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.expect;
     EXPECT_NE(s.message().find(c.expect), std::string::npos) << s;
+  }
+}
+
+// The device kernels pool one element per thread with pool::PooledElement;
+// it must give the host's floats exactly (same terms, same order).
+TEST(PoolingTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
+  std::mt19937 rng(9);
+  const uint32_t dim = 7;
+  std::vector<float> rows(50 * dim);
+  for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  std::vector<int64_t> offsets = {0};
+  std::vector<uint32_t> inverse;
+  std::vector<float> weights;
+  for (int i = 0; i < 40; ++i) {
+    const int ids = static_cast<int>(rng() % 6);  // some examples empty
+    for (int k = 0; k < ids; ++k) {
+      inverse.push_back(rng() % 50);
+      weights.push_back(std::uniform_real_distribution<float>(0.1f, 2)(rng));
+    }
+    offsets.push_back(static_cast<int64_t>(inverse.size()));
+  }
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtN}) {
+    for (bool weighted : {false, true}) {
+      std::vector<float> host(40 * dim);
+      absl::Span<const float> w = weighted ? absl::Span<const float>(weights)
+                                           : absl::Span<const float>();
+      PoolForward(offsets, inverse, w, c, rows.data(), dim, host.data());
+      for (int64_t i = 0; i < 40; ++i) {
+        for (uint32_t d = 0; d < dim; ++d) {
+          const float e = pool::PooledElement(offsets.data(), inverse.data(),
+                                              weighted ? weights.data() : nullptr, c,
+                                              rows.data(), dim, i, d);
+          ASSERT_EQ(FloatBits(host[i * dim + d]), FloatBits(e)) << i << " " << d;
+        }
+      }
+    }
   }
 }
 

@@ -27,8 +27,17 @@
 // after it; the trainer cannot know which rows that step updated.
 //
 // Thread safety: one pipeline is driven from one thread at a time; different
-// pipelines (sharing one Client) may run on different threads. Memory: all
-// buffers are host memory, owned by the pipeline.
+// pipelines (sharing one Client) may run on different threads.
+//
+// Memory: by default all buffers are host memory, owned by the pipeline. With
+// PipelineOptions::device = N the rows are delivered on GPU N instead: the
+// network thread stages each step in pinned host memory and sends it with
+// one host-to-device copy on a side stream; WaitOnDevice makes the trainer's
+// stream wait for that copy (an event, no host wait beyond the fetch) and
+// pools on the GPU; PushFromDevice runs pooling's backward on the trainer's
+// stream and copies the per-key gradients back on the side stream, so no
+// device-to-host copy sits on the trainer's path. Wait and Push then refuse
+// (FAILED_PRECONDITION), and vice versa.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +50,7 @@
 #include "absl/types/span.h"
 #include "ember/batch.h"
 #include "ember/client.h"
+#include "ember/device.h"
 
 namespace ember {
 
@@ -59,6 +69,10 @@ struct PipelineOptions {
   // Steps fetched ahead of the one computing; -1: max(1, staleness).
   int prefetch_depth = -1;
   int64_t first_step = 0;
+  // -1: rows are pooled on the host (Wait / Push). N >= 0: on CUDA device N
+  // (WaitOnDevice / PushFromDevice); FAILED_PRECONDITION at Create when the
+  // build has no CUDA or the device is missing.
+  int device = -1;
 };
 
 // The rows of one step, valid until Push(step) is called for it.
@@ -67,6 +81,15 @@ struct StepView {
   int64_t batch_size = 0;
   // Per feature, batch_size x dim(feature) floats, row-major.
   std::vector<absl::Span<const float>> pooled;
+};
+
+// The rows of one step on the GPU: device pointers (the pipeline's memory),
+// valid until PushFromDevice is called for the step.
+struct DeviceStepView {
+  int64_t step = 0;
+  int64_t batch_size = 0;
+  // Per feature, batch_size x dim(feature) floats, row-major, device memory.
+  std::vector<const float*> pooled;
 };
 
 // What one pipeline did; totals since creation.
@@ -101,6 +124,15 @@ class StepPipeline {
   // d_pooled[f] holds batch_size x dim(f) gradients of feature f's pooled
   // rows; they are copied. Returns at once (an earlier push's error if any).
   absl::Status Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled);
+  // The device twins of Wait and Push (PipelineOptions::device >= 0).
+  // WaitOnDevice blocks until the step's rows are fetched, then orders the
+  // upload and the pooling kernels on `stream` and returns; the pooled rows
+  // are ready in `stream` order. PushFromDevice reads d_pooled[f] (device
+  // memory, batch_size x dim(f)) in `stream` order: keep those buffers until
+  // the stream has passed this call.
+  absl::StatusOr<DeviceStepView> WaitOnDevice(int64_t step, DeviceStream stream);
+  absl::Status PushFromDevice(int64_t step, const std::vector<const float*>& d_pooled,
+                              DeviceStream stream);
   // Blocks until every push so far is acknowledged; returns the first error.
   absl::Status Flush();
   // Flush, then unregister the worker. Idempotent; every other call after it
