@@ -54,6 +54,9 @@ class DeviceStep {
                                 DeviceStream stream) = 0;
   // Per table, unique[t] x dim gradients in pinned host memory.
   virtual absl::StatusOr<std::vector<const float*>> Gradients() = 0;
+  // Bytes of the prepared step's upload and of its gradients' download.
+  virtual size_t upload_bytes() const = 0;
+  virtual size_t download_bytes() const = 0;
 };
 
 class DeviceContext {

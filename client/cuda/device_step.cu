@@ -187,6 +187,9 @@ class CudaDeviceStep final : public DeviceStep {
     return absl::OkStatus();
   }
 
+  size_t upload_bytes() const override { return upload_bytes_; }
+  size_t download_bytes() const override { return grad_floats_ * 4; }
+
   float* StagedRows(size_t table) override {
     return reinterpret_cast<float*>(host_.get<uint8_t>() + tables_[table].rows);
   }
