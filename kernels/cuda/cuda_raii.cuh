@@ -57,10 +57,12 @@ class DeviceBuffer {
     if (bytes <= bytes_) return absl::OkStatus();
     return Allocate(bytes + bytes / 4);
   }
-  // Exactly `bytes`, zeroed; the old contents are dropped.
-  absl::Status AllocateZeroed(size_t bytes) {
+  // Exactly `bytes`, zeroed in `stream` order (a plain cudaMemset would run
+  // on the legacy stream, which non-blocking streams do not wait for); the
+  // old contents are dropped.
+  absl::Status AllocateZeroed(size_t bytes, cudaStream_t stream) {
     if (absl::Status s = Allocate(bytes); !s.ok()) return s;
-    EMBER_CUDA_RETURN_IF_ERROR(cudaMemset(ptr_, 0, bytes == 0 ? 0 : bytes));
+    if (bytes != 0) EMBER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr_, 0, bytes, stream));
     return absl::OkStatus();
   }
 

@@ -383,14 +383,14 @@ struct CudaStore::Impl {
   absl::Status Allocate(SlotArrays* a, uint64_t num_buckets) {
     const uint64_t slots = num_buckets * kSlots;
     a->num_buckets = num_buckets;
-    EMBER_RETURN_IF_ERROR(a->keys.AllocateZeroed(slots * sizeof(uint64_t)));
-    EMBER_RETURN_IF_ERROR(a->digests.AllocateZeroed(slots));
-    EMBER_RETURN_IF_ERROR(a->scores.AllocateZeroed(slots * sizeof(uint32_t)));
-    EMBER_RETURN_IF_ERROR(a->sizes.AllocateZeroed(num_buckets * sizeof(uint32_t)));
-    EMBER_RETURN_IF_ERROR(a->values.AllocateZeroed(slots * value_bytes));
+    EMBER_RETURN_IF_ERROR(a->keys.AllocateZeroed(slots * sizeof(uint64_t), s()));
+    EMBER_RETURN_IF_ERROR(a->digests.AllocateZeroed(slots, s()));
+    EMBER_RETURN_IF_ERROR(a->scores.AllocateZeroed(slots * sizeof(uint32_t), s()));
+    EMBER_RETURN_IF_ERROR(a->sizes.AllocateZeroed(num_buckets * sizeof(uint32_t), s()));
+    EMBER_RETURN_IF_ERROR(a->values.AllocateZeroed(slots * value_bytes, s()));
     EMBER_RETURN_IF_ERROR(
-        a->state.AllocateZeroed(slots * state_per_element * config.dim * sizeof(float)));
-    if (has_step) EMBER_RETURN_IF_ERROR(a->steps.AllocateZeroed(slots * sizeof(uint32_t)));
+        a->state.AllocateZeroed(slots * state_per_element * config.dim * sizeof(float), s()));
+    if (has_step) EMBER_RETURN_IF_ERROR(a->steps.AllocateZeroed(slots * sizeof(uint32_t), s()));
     return absl::OkStatus();
   }
   uint64_t BytesOf(const SlotArrays& a) const {
