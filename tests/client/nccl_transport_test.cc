@@ -4,6 +4,7 @@
 // a GPU; without CUDA the factories must say so.
 #include <thread>
 
+#include "ember/device.h"
 #include "ember/nccl_transport.h"
 #include "ember/node_exchange.h"
 #include "gtest/gtest.h"
@@ -42,12 +43,19 @@ TEST(NcclTransportTest, OneRankExchangeMatchesTheInProcessTransport) {
   EXPECT_EQ(results[0], results[1]);
 }
 
-TEST(NcclTransportTest, BadArgumentsAreRefused) {
+TEST(NcclTransportTest, BadArgumentsAreRefusedAndABuildWithoutCudaSaysSo) {
   auto none = NewNcclTransports({});
   ASSERT_FALSE(none.ok());
   auto bad_id = NewNcclTransport("short", 0, 1, 0);
   ASSERT_FALSE(bad_id.ok());
+  if (!HaveCudaPath()) {
+    EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kFailedPrecondition) << bad_id.status();
+    EXPECT_NE(bad_id.status().message().find("no CUDA"), std::string::npos) << bad_id.status();
+    return;
+  }
   EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument) << bad_id.status();
+  EXPECT_NE(bad_id.status().message().find("field 'unique_id'"), std::string::npos)
+      << bad_id.status();
 }
 
 }  // namespace

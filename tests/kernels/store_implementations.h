@@ -36,7 +36,8 @@ struct CudaStoreFactory {
     return "built without CUDA (EMBER_ENABLE_CUDA=OFF): no CUDA store to test";
 #endif
   }
-  static absl::StatusOr<std::unique_ptr<EmbeddingStore>> Make(const TableConfig& c) {
+  static absl::StatusOr<std::unique_ptr<EmbeddingStore>> Make(
+      [[maybe_unused]] const TableConfig& c) {
 #if EMBER_HAVE_CUDA
     return NewCudaStore(c, 0);
 #else
