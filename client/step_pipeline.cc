@@ -23,7 +23,10 @@ struct Step {
   Batch batch;
   std::vector<std::vector<uint64_t>> unique;   // per table
   std::vector<std::vector<uint32_t>> inverse;  // per feature: unique index of each id
-  // members[shard][table]: indices of the table's unique keys owned by shard.
+  // With a node exchange: per table, the keys this rank fetches and pushes
+  // for the whole node. Without, the fetched keys are `unique`.
+  std::vector<std::vector<uint64_t>> owned;
+  // members[shard][table]: indices of the table's fetched keys owned by shard.
   std::vector<std::vector<std::vector<uint32_t>>> members;
   // The lookup sent to each shard; the push takes its packed keys over.
   std::vector<v1::LookupRequest> lookups;
@@ -66,6 +69,13 @@ class StepPipeline::Impl {
       }
       feature_table_.push_back(it->second);
       feature_names_.push_back(f.name);
+    }
+    // With a node exchange the network thread runs one job at a time in
+    // call order (a fetch still waits for this worker's own earlier push, as
+    // SSP requires): the ranks then meet in the same collectives in the same
+    // order whatever their timing.
+    if (options_.node_transport != nullptr) {
+      node_ = std::make_unique<NodeExchange>(options_.node_transport, table_dim_);
     }
     if (options_.device >= 0) {
       DeviceStepShape shape;
@@ -329,6 +339,11 @@ class StepPipeline::Impl {
       const Job front = jobs_.front();
       const Job* next = jobs_.size() > 1 ? &jobs_[1] : nullptr;
       if (front.kind == Job::kPush) {
+        if (node_) {  // node mode: one job at a time, in call order
+          *push = front.step;
+          jobs_.pop_front();
+          return true;
+        }
         if (next != nullptr && next->kind == Job::kFetch) {
           *push = front.step;
           *fetch = next->step;
@@ -357,7 +372,7 @@ class StepPipeline::Impl {
           }
           *push = first_push->step;
           jobs_.erase(first_push);
-          if ((*push)->step >= needed) {
+          if (!node_ && (*push)->step >= needed) {
             *fetch = front.step;
             jobs_.pop_front();
           }
@@ -365,7 +380,7 @@ class StepPipeline::Impl {
         }
       }
       *fetch = front.step;
-      if (first_push != jobs_.end()) {
+      if (!node_ && first_push != jobs_.end()) {
         *push = first_push->step;
         jobs_.erase(first_push);
       }
@@ -393,9 +408,15 @@ class StepPipeline::Impl {
     }
   }
 
-  // Dedup per table and route: fills s.unique, s.inverse, s.members and
-  // s.lookups. Returns the unique key count.
-  uint64_t BuildLookup(Step& s) {
+  // The keys a step fetches and pushes, per table.
+  const std::vector<std::vector<uint64_t>>& Fetched(const Step& s) const {
+    return node_ ? s.owned : s.unique;
+  }
+
+  // Dedup per table (and with a node exchange, route the keys to their owner
+  // ranks) and route to shards: fills s.unique, s.inverse, s.owned,
+  // s.members and s.lookups. Returns the fetched key count.
+  absl::StatusOr<uint64_t> BuildLookup(Step& s) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
     s.unique.assign(tables, {});
@@ -409,10 +430,14 @@ class StepPipeline::Impl {
       }
       s.unique[tb] = dedup_.unique();
     }
+    if (node_) {
+      EMBER_ASSIGN_OR_RETURN(s.owned, node_->RouteKeys(s.unique));
+    }
+    const std::vector<std::vector<uint64_t>>& fetched = Fetched(s);
     s.members.assign(shards, std::vector<std::vector<uint32_t>>(tables));
     uint64_t unique_keys = 0;
     for (size_t tb = 0; tb < tables; ++tb) {
-      const std::vector<uint64_t>& keys = s.unique[tb];
+      const std::vector<uint64_t>& keys = fetched[tb];
       unique_keys += keys.size();
       for (uint32_t u = 0; u < keys.size(); ++u) s.members[client_->ShardOf(keys[u])][tb].push_back(u);
     }
@@ -429,7 +454,7 @@ class StepPipeline::Impl {
         t->set_dtype(v1::DTYPE_FP32);
         std::string* bytes = t->mutable_keys();
         bytes->resize(m.size() * 8);
-        for (size_t j = 0; j < m.size(); ++j) memcpy(bytes->data() + j * 8, &s.unique[tb][m[j]], 8);
+        for (size_t j = 0; j < m.size(); ++j) memcpy(bytes->data() + j * 8, &fetched[tb][m[j]], 8);
       }
       if (options_.staleness >= 0 && r.tables_size() > 0) {
         r.set_step(s.step);
@@ -459,6 +484,16 @@ class StepPipeline::Impl {
         rows[tb] = rows_scratch_[tb].data();
       }
     }
+    // With a node exchange the shards answer for the owned keys, which go
+    // to scratch first, and the ranks then trade rows.
+    std::vector<float*> into = rows;
+    if (node_) {
+      fetched_scratch_.resize(tables);
+      for (size_t tb = 0; tb < tables; ++tb) {
+        fetched_scratch_[tb].resize(s.owned[tb].size() * table_dim_[tb]);
+        into[tb] = fetched_scratch_[tb].data();
+      }
+    }
     uint64_t received = 0;
     for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
       int entry = 0;
@@ -476,9 +511,20 @@ class StepPipeline::Impl {
         const std::string& r = lookup.tables(entry++).rows();
         received += r.size();
         for (size_t j = 0; j < m.size(); ++j) {
-          memcpy(rows[tb] + m[j] * dim, r.data() + j * dim * 4, dim * 4);
+          memcpy(into[tb] + m[j] * dim, r.data() + j * dim * 4, dim * 4);
         }
       }
+    }
+    if (node_) {
+      const uint64_t before = node_->bytes_sent() + node_->bytes_received();
+      std::vector<absl::Span<const float>> owned_rows(fetched_scratch_.begin(),
+                                                      fetched_scratch_.end());
+      EMBER_ASSIGN_OR_RETURN(std::vector<std::vector<float>> mine, node_->ShareRows(owned_rows));
+      for (size_t tb = 0; tb < tables; ++tb) {
+        memcpy(rows[tb], mine[tb].data(), mine[tb].size() * sizeof(float));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.exchange_bytes += node_->bytes_sent() + node_->bytes_received() - before;
     }
     if (device_) {
       EMBER_RETURN_IF_ERROR(s.dev->Upload());
@@ -523,6 +569,19 @@ class StepPipeline::Impl {
                      s.d_pooled[f].data(), table_dim_[tb], grads_scratch_[tb].data());
       }
     }
+    std::vector<std::vector<float>> owned_grads;
+    if (node_) {
+      // Trade gradients: this rank pushes the node's sums for its own keys.
+      const uint64_t before = node_->bytes_sent() + node_->bytes_received();
+      std::vector<absl::Span<const float>> mine(tables);
+      for (size_t tb = 0; tb < tables; ++tb) {
+        mine[tb] = absl::MakeConstSpan(grads[tb], s.unique[tb].size() * table_dim_[tb]);
+      }
+      EMBER_ASSIGN_OR_RETURN(owned_grads, node_->ReduceGradients(mine));
+      for (size_t tb = 0; tb < tables; ++tb) grads[tb] = owned_grads[tb].data();
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.exchange_bytes += node_->bytes_sent() + node_->bytes_received() - before;
+    }
     requests->assign(shards, {});
     uint64_t sent = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
@@ -566,7 +625,7 @@ class StepPipeline::Impl {
       for (uint32_t sh = 0; sh < shards; ++sh) requests[sh].mutable_push()->Swap(&pushes[sh]);
     }
     if (fetch) {
-      unique_keys = BuildLookup(*fetch);
+      EMBER_ASSIGN_OR_RETURN(unique_keys, BuildLookup(*fetch));
       for (uint32_t sh = 0; sh < shards; ++sh) {
         if (fetch->lookups[sh].tables_size() == 0) continue;
         for (const v1::TableLookup& t : fetch->lookups[sh].tables()) sent += t.keys().size();
@@ -598,6 +657,8 @@ class StepPipeline::Impl {
   KeyDeduplicator dedup_;                          // network thread only
   std::vector<std::vector<float>> rows_scratch_;   // network thread only
   std::vector<std::vector<float>> grads_scratch_;  // network thread only
+  std::vector<std::vector<float>> fetched_scratch_;  // network thread only
+  std::unique_ptr<NodeExchange> node_;             // used by the network thread only
   std::unique_ptr<DeviceContext> device_;          // device pipelines only
   std::vector<std::unique_ptr<DeviceStep>> free_device_steps_;  // guarded by mu_
   bool registered_ = false;

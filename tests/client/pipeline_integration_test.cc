@@ -12,6 +12,7 @@
 #include <cmath>
 #include <random>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -463,6 +464,129 @@ TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHan
   EXPECT_GT(client_->Stats().retries, 0u);
   EXPECT_EQ((*pipe)->Stats().steps_pushed, kSteps);
   ASSERT_OK((*pipe)->Close());
+}
+
+// ---- The node exchange (PipelineOptions::node_transport).
+
+// A node's batch: the ranks' batches side by side (rank 0's examples first).
+Batch Concat(const std::vector<Batch>& parts) {
+  Batch out;
+  for (size_t f = 0; f < parts[0].features.size(); ++f) {
+    FeatureBatch fb;
+    fb.offsets = {0};
+    for (const Batch& p : parts) {
+      const FeatureBatch& src = p.features[f];
+      for (size_t i = 1; i < src.offsets.size(); ++i) {
+        fb.offsets.push_back(fb.offsets.back() + src.offsets[i] - src.offsets[i - 1]);
+      }
+      fb.keys.insert(fb.keys.end(), src.keys.begin(), src.keys.end());
+      fb.weights.insert(fb.weights.end(), src.weights.begin(), src.weights.end());
+    }
+    out.features.push_back(std::move(fb));
+  }
+  return out;
+}
+
+// Trains `steps` steps, keeping each step's pooled rows.
+absl::Status TrainRecording(StepPipeline& pipe, int64_t steps,
+                            const std::function<Batch(int64_t)>& batch_of,
+                            std::vector<std::vector<std::vector<float>>>* pooled) {
+  int64_t prefetched = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    while (prefetched < steps && prefetched <= t + pipe.prefetch_depth()) {
+      EMBER_RETURN_IF_ERROR(pipe.Prefetch(prefetched, batch_of(prefetched)));
+      ++prefetched;
+    }
+    EMBER_ASSIGN_OR_RETURN(StepView view, pipe.Wait(t));
+    std::vector<std::vector<float>> rows, grads;
+    for (const auto& p : view.pooled) {
+      rows.emplace_back(p.begin(), p.end());
+      grads.push_back(LossGradient(p));
+    }
+    pooled->push_back(std::move(rows));
+    std::vector<absl::Span<const float>> spans(grads.begin(), grads.end());
+    EMBER_RETURN_IF_ERROR(pipe.Push(t, spans));
+  }
+  return pipe.Close();
+}
+
+TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
+  StartShards(2);
+  ASSERT_OK(client_->CreateTable(SmallTable("sa", 1)));  // the single GPU's twins of a, b
+  ASSERT_OK(client_->CreateTable(SmallTable("sb", 2)));
+  constexpr uint32_t kRanks = 3;
+  constexpr int64_t kSteps = 25;
+  // Rank r's batch of step t; the ranks share many keys (ids from 40 per feature).
+  auto rank_batch = [](uint32_t r, int64_t t) { return MakeBatch(t * kRanks + r, 0); };
+
+  // One GPU training on the node's whole batch, synchronously.
+  std::vector<FeatureSpec> single_features = kFeatures;
+  for (FeatureSpec& f : single_features) f.table = "s" + f.table;
+  auto single = NewPipeline(/*worker=*/10, /*staleness=*/0, single_features);
+  ASSERT_OK(single);
+  std::vector<std::vector<std::vector<float>>> single_pooled;
+  ASSERT_OK(TrainRecording(**single, kSteps,
+                           [&](int64_t t) {
+                             std::vector<Batch> parts;
+                             for (uint32_t r = 0; r < kRanks; ++r) parts.push_back(rank_batch(r, t));
+                             return Concat(parts);
+                           },
+                           &single_pooled));
+  const PipelineStats single_stats = (*single)->Stats();
+
+  // The node: one pipeline per rank, each its own SSP worker, exchanging.
+  auto transports = NewInProcessTransports(kRanks);
+  std::vector<std::unique_ptr<StepPipeline>> pipes;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    PipelineOptions o;
+    o.worker_id = r;
+    o.features = kFeatures;
+    o.staleness = 0;
+    o.node_transport = transports[r].get();
+    auto p = StepPipeline::Create(client_.get(), o);
+    ASSERT_OK(p);
+    pipes.push_back(std::move(*p));
+  }
+  std::vector<std::vector<std::vector<std::vector<float>>>> pooled(kRanks);
+  std::vector<absl::Status> results(kRanks);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = TrainRecording(*pipes[r], kSteps,
+                                  [&](int64_t t) { return rank_batch(r, t); }, &pooled[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t r = 0; r < kRanks; ++r) ASSERT_OK(results[r]);
+
+  // Each unique key of the node was fetched by exactly one rank.
+  uint64_t fetched = 0, exchanged = 0;
+  for (const auto& p : pipes) {
+    fetched += p->Stats().unique_keys;
+    exchanged += p->Stats().exchange_bytes;
+  }
+  EXPECT_EQ(fetched, single_stats.unique_keys);
+  EXPECT_GT(exchanged, 0u);
+  // Rank r's rows are the single GPU's rows of its examples: the same at the
+  // first step, and within float rounding after (the node sums a key's
+  // gradients rank by rank, the single GPU example by example).
+  for (int64_t t = 0; t < kSteps; ++t) {
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      for (size_t f = 0; f < kFeatures.size(); ++f) {
+        const std::vector<float>& mine = pooled[r][t][f];
+        ASSERT_EQ(mine.size(), size_t{kBatch} * kDim);
+        for (size_t k = 0; k < mine.size(); ++k) {
+          const float expected = single_pooled[t][f][r * kBatch * kDim + k];
+          if (t == 0) {
+            ASSERT_EQ(mine[k], expected) << "rank " << r << " feature " << f << " element " << k;
+          } else {
+            ASSERT_NEAR(mine[k], expected, 1e-5)
+                << "step " << t << " rank " << r << " feature " << f << " element " << k;
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---- The device path (PipelineOptions::device). Its GPU cases skip here

@@ -51,6 +51,7 @@
 #include "ember/batch.h"
 #include "ember/client.h"
 #include "ember/device.h"
+#include "ember/node_exchange.h"
 
 namespace ember {
 
@@ -73,6 +74,15 @@ struct PipelineOptions {
   // (WaitOnDevice / PushFromDevice); FAILED_PRECONDITION at Create when the
   // build has no CUDA or the device is missing.
   int device = -1;
+  // Several GPUs of one trainer node: this pipeline's rank in a transport
+  // shared by the node's pipelines (NewInProcessTransports, NCCL). Each
+  // step's unique keys are then fetched and pushed once per node: every rank
+  // fetches and pushes the keys it owns (OwnerRank) for all ranks, and the
+  // rows and gradients travel between ranks (NodeExchange). The ranks must
+  // make the same calls (Prefetch, Wait, Push, Flush, Close) in the same
+  // order; each is its own SSP worker. A failure on one rank stops the others
+  // when their transport times out. Null: no exchange. Not owned.
+  ExchangeTransport* node_transport = nullptr;
 };
 
 // The rows of one step, valid until Push(step) is called for it.
@@ -99,9 +109,11 @@ struct PipelineStats {
   double wait_seconds = 0;     // time Wait blocked (the exposed embedding wait)
   double max_wait_seconds = 0;
   uint64_t keys = 0;           // ids in the batches
-  uint64_t unique_keys = 0;    // keys sent after per-table deduplication
+  uint64_t unique_keys = 0;    // keys fetched after per-table deduplication (with a
+                               // node exchange: the keys this rank owns)
   uint64_t bytes_sent = 0;     // request payload (keys and gradients)
   uint64_t bytes_received = 0; // response rows
+  uint64_t exchange_bytes = 0; // sent and received between the node's ranks
 };
 
 class StepPipeline {
