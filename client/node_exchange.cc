@@ -172,76 +172,62 @@ absl::Status NodeExchange::CheckRows(const std::vector<absl::Span<const float>>&
   return absl::OkStatus();
 }
 
+template <typename Place>
+absl::Status NodeExchange::TradeRows(const std::vector<absl::Span<const float>>& rows,
+                                     IndexLists TableRoute::*send, IndexLists TableRoute::*recv,
+                                     Place place) {
+  const uint32_t n = ranks();
+  std::vector<std::vector<uint8_t>> out(n);
+  for (uint32_t r = 0; r < n; ++r) {
+    BlockWriter w(&out[r]);
+    for (size_t t = 0; t < dims_.size(); ++t) {
+      w.SectionGathered(rows[t].data(), dims_[t], (routes_[t].*send)[r]);
+    }
+  }
+  std::vector<std::vector<uint8_t>> in;
+  EMBER_RETURN_IF_ERROR(Exchange(out, &in));
+  // Sources in rank order: a sum does not depend on who arrived first.
+  for (uint32_t r = 0; r < n; ++r) {
+    BlockReader reader(in[r], r);
+    for (size_t t = 0; t < dims_.size(); ++t) {
+      const uint32_t dim = dims_[t];
+      EMBER_ASSIGN_OR_RETURN(absl::Span<const float> got, reader.Section<float>(dim));
+      const std::vector<uint32_t>& at = (routes_[t].*recv)[r];
+      if (got.size() != at.size() * dim) {
+        return absl::DataLossError(absl::StrCat("node exchange: rank ", r, " sent ",
+                                                got.size() / dim, " rows of table ", t, " for ",
+                                                at.size(), " keys"));
+      }
+      for (size_t i = 0; i < at.size(); ++i) place(t, at[i], got.data() + i * dim);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ShareRows(
     const std::vector<absl::Span<const float>>& owned_rows) {
   EMBER_RETURN_IF_ERROR(CheckRows(owned_rows, /*owned=*/true, "owned_rows"));
-  const uint32_t n = ranks();
-  // To each source: the rows of the keys it sent here, in its order.
-  std::vector<std::vector<uint8_t>> send(n);
-  for (uint32_t s = 0; s < n; ++s) {
-    BlockWriter w(&send[s]);
-    for (size_t t = 0; t < dims_.size(); ++t) {
-      w.SectionGathered(owned_rows[t].data(), dims_[t], routes_[t].owned_idx[s]);
-    }
-  }
-  std::vector<std::vector<uint8_t>> recv;
-  EMBER_RETURN_IF_ERROR(Exchange(send, &recv));
   std::vector<std::vector<float>> mine(dims_.size());
   for (size_t t = 0; t < dims_.size(); ++t) mine[t].resize(routes_[t].mine * dims_[t]);
-  for (uint32_t r = 0; r < n; ++r) {
-    BlockReader reader(recv[r], r);
-    for (size_t t = 0; t < dims_.size(); ++t) {
-      const uint32_t dim = dims_[t];
-      EMBER_ASSIGN_OR_RETURN(absl::Span<const float> rows, reader.Section<float>(dim));
-      const auto& pos = routes_[t].sent_pos[r];
-      if (rows.size() != pos.size() * dim) {
-        return absl::DataLossError(absl::StrCat("node exchange: rank ", r, " sent ",
-                                                rows.size() / dim, " rows of table ", t,
-                                                " for ", pos.size(), " keys"));
-      }
-      for (size_t i = 0; i < pos.size(); ++i) {
-        std::memcpy(mine[t].data() + size_t{pos[i]} * dim, rows.data() + i * dim,
-                    dim * sizeof(float));
-      }
-    }
-  }
+  // Each source gets the rows of the keys it sent here, in its order.
+  EMBER_RETURN_IF_ERROR(TradeRows(owned_rows, &TableRoute::owned_idx, &TableRoute::sent_pos,
+                                  [&](size_t t, uint32_t pos, const float* row) {
+                                    std::memcpy(mine[t].data() + size_t{pos} * dims_[t], row,
+                                                dims_[t] * sizeof(float));
+                                  }));
   return mine;
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ReduceGradients(
     const std::vector<absl::Span<const float>>& grads) {
   EMBER_RETURN_IF_ERROR(CheckRows(grads, /*owned=*/false, "grads"));
-  const uint32_t n = ranks();
-  std::vector<std::vector<uint8_t>> send(n);
-  for (uint32_t r = 0; r < n; ++r) {
-    BlockWriter w(&send[r]);
-    for (size_t t = 0; t < dims_.size(); ++t) {
-      w.SectionGathered(grads[t].data(), dims_[t], routes_[t].sent_pos[r]);
-    }
-  }
-  std::vector<std::vector<uint8_t>> recv;
-  EMBER_RETURN_IF_ERROR(Exchange(send, &recv));
   std::vector<std::vector<float>> owned(dims_.size());
   for (size_t t = 0; t < dims_.size(); ++t) owned[t].assign(routes_[t].owned * dims_[t], 0.0f);
-  // Sources in rank order: the sum does not depend on who arrived first.
-  for (uint32_t s = 0; s < n; ++s) {
-    BlockReader reader(recv[s], s);
-    for (size_t t = 0; t < dims_.size(); ++t) {
-      const uint32_t dim = dims_[t];
-      EMBER_ASSIGN_OR_RETURN(absl::Span<const float> g, reader.Section<float>(dim));
-      const auto& idx = routes_[t].owned_idx[s];
-      if (g.size() != idx.size() * dim) {
-        return absl::DataLossError(absl::StrCat("node exchange: rank ", s, " sent ",
-                                                g.size() / dim, " gradients of table ", t,
-                                                " for ", idx.size(), " keys"));
-      }
-      for (size_t i = 0; i < idx.size(); ++i) {
-        float* dst = owned[t].data() + size_t{idx[i]} * dim;
-        const float* src = g.data() + i * dim;
-        for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
-      }
-    }
-  }
+  EMBER_RETURN_IF_ERROR(TradeRows(grads, &TableRoute::sent_pos, &TableRoute::owned_idx,
+                                  [&](size_t t, uint32_t idx, const float* g) {
+                                    float* dst = owned[t].data() + size_t{idx} * dims_[t];
+                                    for (uint32_t j = 0; j < dims_[t]; ++j) dst[j] += g[j];
+                                  }));
   return owned;
 }
 

@@ -120,15 +120,22 @@ __global__ void BucketOfKernel(const uint64_t* keys, const uint32_t* items, uint
   buckets[k] = static_cast<uint32_t>(bucket::BucketOf(StoreHash(keys[items[k]]), num_buckets));
 }
 
-// The thread of the first item of each bucket's run places the run's keys,
-// in order: a bucket is only ever touched by one thread.
+// Items sorted by bucket form one run per bucket; the thread of a run's
+// first item calls fn(e) for each item e of the run, in order, so a bucket
+// is only ever touched by one thread.
+template <typename Fn>
+__device__ void ForMyBucketRun(const uint32_t* buckets, uint64_t m, Fn fn) {
+  const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  if (k >= m || (k > 0 && buckets[k - 1] == buckets[k])) return;
+  for (uint64_t e = k; e < m && buckets[e] == buckets[k]; ++e) fn(e);
+}
+
+// Places each bucket's missing keys (see ForMyBucketRun).
 __global__ void InsertRunsKernel(bucket::Table t, const uint64_t* keys, const uint32_t* buckets,
                                  const uint32_t* items, uint64_t m, EvictionPolicy policy,
                                  uint32_t score, int64_t* slots, uint8_t* fresh, Counters* c) {
-  const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  if (k >= m || (k > 0 && buckets[k - 1] == buckets[k])) return;
   unsigned long long inserted = 0, replaced = 0, failed = 0;
-  for (uint64_t e = k; e < m && buckets[e] == buckets[k]; ++e) {
+  ForMyBucketRun(buckets, m, [&](uint64_t e) {
     const uint32_t i = items[e];
     const uint64_t key = keys[i];
     const bucket::InsertOutcome o = bucket::InsertKey(t, key, StoreHash(key), policy, score);
@@ -138,7 +145,7 @@ __global__ void InsertRunsKernel(bucket::Table t, const uint64_t* keys, const ui
     inserted += o.placement == bucket::Placement::kInserted;
     replaced += o.placement == bucket::Placement::kReplaced;
     failed += o.placement == bucket::Placement::kFull;
-  }
+  });
   if (inserted) atomicAdd(&c->inserted, inserted);
   if (replaced) atomicAdd(&c->replaced, replaced);
   if (failed) atomicAdd(&c->failed, failed);
@@ -147,13 +154,11 @@ __global__ void InsertRunsKernel(bucket::Table t, const uint64_t* keys, const ui
 // Erases each bucket's keys from one thread (duplicates count once).
 __global__ void EraseRunsKernel(bucket::Table t, const uint64_t* keys, const uint32_t* buckets,
                                 const uint32_t* items, uint64_t m, Counters* c) {
-  const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  if (k >= m || (k > 0 && buckets[k - 1] == buckets[k])) return;
   unsigned long long erased = 0;
-  for (uint64_t e = k; e < m && buckets[e] == buckets[k]; ++e) {
+  ForMyBucketRun(buckets, m, [&](uint64_t e) {
     const uint64_t key = keys[items[e]];
     erased += bucket::EraseKey(t, key, StoreHash(key));
-  }
+  });
   if (erased) atomicAdd(&c->erased, erased);
 }
 
@@ -273,15 +278,13 @@ __global__ void RehashRunsKernel(bucket::Table dst, const uint64_t* old_keys,
                                  const uint32_t* old_scores, const uint32_t* buckets,
                                  const uint32_t* items, uint64_t m, int64_t* new_slots,
                                  Counters* c) {
-  const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  if (k >= m || (k > 0 && buckets[k - 1] == buckets[k])) return;
-  for (uint64_t e = k; e < m && buckets[e] == buckets[k]; ++e) {
+  ForMyBucketRun(buckets, m, [&](uint64_t e) {
     const uint64_t key = old_keys[items[e]];
     const bucket::InsertOutcome o =
         bucket::InsertKey(dst, key, StoreHash(key), EvictionPolicy::kNone, old_scores[items[e]]);
     new_slots[items[e]] = o.slot;
     if (o.placement == bucket::Placement::kFull) atomicAdd(&c->failed, 1ull);
-  }
+  });
 }
 
 // Growth: copies rows (and state, steps) from old slots to their new ones.

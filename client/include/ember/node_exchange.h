@@ -97,15 +97,21 @@ class NodeExchange {
  private:
   // Per table: which of my unique keys went to which owner, and where each
   // owner-side key came from.
+  using IndexLists = std::vector<std::vector<uint32_t>>;  // [rank][i]
   struct TableRoute {
-    std::vector<std::vector<uint32_t>> sent_pos;   // [owner][i]: index in my unique keys
-    std::vector<std::vector<uint32_t>> owned_idx;  // [source][i]: index in my owned keys
+    IndexLists sent_pos;   // [owner][i]: index in my unique keys
+    IndexLists owned_idx;  // [source][i]: index in my owned keys
     size_t mine = 0;                               // my unique keys
     size_t owned = 0;                              // my owned keys
   };
 
   absl::Status Exchange(const std::vector<std::vector<uint8_t>>& send,
                         std::vector<std::vector<uint8_t>>* recv);
+  // Sends rank r, per table, rows[t] at (route.*send)[r]; passes each row
+  // received from rank r to place(t, (route.*recv)[r][i], row), ranks in order.
+  template <typename Place>
+  absl::Status TradeRows(const std::vector<absl::Span<const float>>& rows,
+                         IndexLists TableRoute::*send, IndexLists TableRoute::*recv, Place place);
   absl::Status CheckRows(const std::vector<absl::Span<const float>>& rows, bool owned,
                          absl::string_view what) const;
 
