@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "common/host_device.h"
 #include "kernels/table_config.h"
@@ -65,6 +66,19 @@ EMBER_HD uint32_t MatchBytes(uint32_t word, uint8_t digest) {
   return ~(((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x | 0x7f7f7f7fu);
 }
 
+// Four digests as one word (bucket starts are 4-byte aligned). The device
+// loads the word; the host copies it, which is the defined way to read bytes
+// as a uint32 in C++ and compiles to the same load.
+EMBER_HD uint32_t DigestWord(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t w;
+  memcpy(&w, p, 4);
+  return w;
+#endif
+}
+
 // Rows bucket `b` may hold: the capacity split evenly, the remainder to the
 // first buckets.
 EMBER_HD uint32_t BucketCapacity(const Table& t, uint64_t b) {
@@ -83,9 +97,8 @@ inline uint64_t BucketsFor(uint64_t capacity, uint64_t initial_slots) {
 EMBER_HD int64_t FindSlot(const Table& t, uint64_t key, uint64_t hash) {
   const uint64_t base = BucketOf(hash, t.num_buckets) * kSlots;
   const uint8_t digest = DigestOf(hash);
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(t.digests + base);
   for (uint32_t w = 0; w < kSlots / 4; ++w) {
-    uint32_t match = MatchBytes(words[w], digest);
+    uint32_t match = MatchBytes(DigestWord(t.digests + base + 4 * w), digest);
     while (match != 0) {
 #if defined(__CUDA_ARCH__)
       const uint32_t byte = (__ffs(match) - 1) / 8;
