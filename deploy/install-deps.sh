@@ -9,6 +9,7 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
   redis-server libhiredis-dev libjemalloc-dev
+  libcivetweb-dev prometheus
 )
 
 missing=()

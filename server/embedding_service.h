@@ -3,13 +3,14 @@
 
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "server/shard.h"
+#include "server/shard_metrics.h"
 
 namespace ember {
 
 class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
  public:
-  // `shard` must outlive the service.
-  explicit EmbeddingServiceImpl(Shard* shard) : shard_(shard) {}
+  // `shard` and `metrics` (null: none) must outlive the service.
+  EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics) : shard_(shard), metrics_(metrics) {}
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
@@ -25,7 +26,12 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
                                 v1::UnregisterWorkerResponse* response) override;
 
  private:
+  // Runs `call`, then counts it per method and status code with its latency.
+  template <typename Call>
+  grpc::Status Measured(const char* rpc, Call call);
+
   Shard* shard_;
+  ShardMetrics* metrics_;
 };
 
 }  // namespace ember

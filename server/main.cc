@@ -24,6 +24,8 @@ ABSL_FLAG(uint64_t, max_message_bytes, uint64_t{256} << 20,
           "Largest request or response message in bytes.");
 ABSL_FLAG(absl::Duration, max_ssp_wait, absl::Seconds(60),
           "Longest a lookup waits for slower workers' pushes (SSP), e.g. 30s.");
+ABSL_FLAG(int, metrics_port, -1,
+          "Prometheus endpoint port (GET /metrics); 0 picks a free one; -1: no metrics.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where tables live: cpu (host memory) or cuda:N (GPU N's memory).");
 ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   auto device = ember::ParseStoreDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
     spdlog::error("ember-server: --device: {}", device.status().ToString());
@@ -69,7 +72,8 @@ int main(int argc, char** argv) {
   spdlog::info("shard {}/{} serving on {}:{}", options.shard.shard_index,
                options.shard.shard_count, options.address, (*server)->port());
   // Machine-readable line for scripts and tests that started us with --port=0.
-  std::printf("EMBER_READY port=%d\n", (*server)->port());
+  std::printf("EMBER_READY port=%d metrics_port=%d\n", (*server)->port(),
+              (*server)->metrics_port());
   std::fflush(stdout);
 
   int signal = 0;

@@ -16,7 +16,7 @@
 namespace ember {
 
 struct Server::Services {
-  explicit Services(Shard* shard) : embedding(shard), admin(shard) {}
+  Services(Shard* shard, ShardMetrics* metrics) : embedding(shard, metrics), admin(shard) {}
   EmbeddingServiceImpl embedding;
   AdminServiceImpl admin;
 };
@@ -30,6 +30,11 @@ absl::Status ServerOptions::Validate() const {
         absl::StrCat("worker_threads: expected 1..1024, received ", worker_threads));
   }
   if (address.empty()) return absl::InvalidArgumentError("address: expected a host, received ''");
+  if (metrics_port < -1 || metrics_port > 65535 || (metrics_port == port && port != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port: expected -1 (off) or 0..65535 other than port ", port, ", received ",
+        metrics_port));
+  }
   return shard.Validate();
 }
 
@@ -62,10 +67,27 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   EMBER_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Server> server(new Server());
   server->shard_ = std::make_unique<Shard>(options.shard);
+  if (options.metrics_port >= 0) {
+    server->registry_ = std::make_unique<metrics::Registry>();
+    metrics::AddProcessMetrics(server->registry_.get());
+    server->registry_
+        ->AddGauge("ember_build_info", "Always 1; the labels say which build serves.",
+                   {"version", "device", "shard"})
+        .With({EMBER_VERSION, options.shard.device.ToString(),
+               absl::StrCat(options.shard.shard_index, "/", options.shard.shard_count)})
+        .Set(1);
+    server->metrics_ = std::make_unique<ShardMetrics>(server->registry_.get());
+    server->shard_->SetMetrics(server->metrics_.get());
+  }
   if (!options.table_config_file.empty()) {
     EMBER_RETURN_IF_ERROR(CreateConfiguredTables(options.table_config_file, server->shard_.get()));
   }
-  server->services_ = std::make_unique<Services>(server->shard_.get());
+  server->services_ = std::make_unique<Services>(server->shard_.get(), server->metrics_.get());
+  if (options.metrics_port >= 0) {
+    EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
+                           MetricsHttpServer::Start(options.address, options.metrics_port,
+                                                    server->registry_.get()));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -92,6 +114,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   return server;
 }
+
+int Server::metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
 
 Server::~Server() {
   Shutdown(absl::ZeroDuration());

@@ -7,7 +7,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
+#include "server/metrics_http.h"
 #include "server/shard.h"
+#include "server/shard_metrics.h"
 
 namespace grpc {
 class Server;
@@ -27,6 +30,9 @@ struct ServerOptions {
   std::string table_config_file;
   // Shard identity and request limits.
   ShardOptions shard;
+  // Port of the Prometheus endpoint (GET /metrics on `address`); 0 picks a
+  // free one (see Server::metrics_port()); -1: no metrics.
+  int metrics_port = -1;
 
   absl::Status Validate() const;
 };
@@ -39,6 +45,9 @@ class Server {
 
   // The bound port (the chosen one when options.port was 0).
   int port() const { return port_; }
+  // The metrics port (the chosen one when options.metrics_port was 0); -1
+  // without metrics.
+  int metrics_port() const;
   Shard& shard() { return *shard_; }
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,
@@ -51,6 +60,9 @@ class Server {
   Server() = default;
   struct Services;
 
+  std::unique_ptr<metrics::Registry> registry_;
+  std::unique_ptr<ShardMetrics> metrics_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> grpc_server_;

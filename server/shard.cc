@@ -64,6 +64,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
   }
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, NewStore(config, options_.device));
   auto table = std::make_shared<Table>(Table{std::move(normalized), std::move(store)});
+  if (metrics_ != nullptr) table->series = metrics_->Table(table->config.name());
   response->set_created(true);
   FillTableInfo(*table, response->mutable_table());
   tables_.emplace(table->config.name(), std::move(table));
@@ -127,9 +128,9 @@ absl::Status Shard::CheckKeyCount(uint64_t total_keys) const {
   return absl::OkStatus();
 }
 
-absl::Status Shard::Resolve(absl::string_view field, const std::string& table_name,
-                            const std::string& key_bytes, v1::DType dtype,
-                            std::vector<Resolved>* resolved) {
+absl::Status Shard::Resolve(absl::string_view rpc, absl::string_view field,
+                            const std::string& table_name, const std::string& key_bytes,
+                            v1::DType dtype, std::vector<Resolved>* resolved) {
   Resolved r;
   {
     ReaderLock lock(&mu_);
@@ -140,7 +141,21 @@ absl::Status Shard::Resolve(absl::string_view field, const std::string& table_na
     }
     r.table = it->second;
   }
-  for (const Resolved& other : *resolved) {
+  // Errors from here on belong to an existing table: count them per table.
+  absl::Status s = ResolveTable(field, table_name, key_bytes, dtype, *resolved, &r);
+  if (!s.ok()) {
+    if (metrics_ != nullptr) metrics_->TableError(table_name, rpc, s.code());
+    return s;
+  }
+  resolved->push_back(std::move(r));
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ResolveTable(absl::string_view field, const std::string& table_name,
+                                 const std::string& key_bytes, v1::DType dtype,
+                                 const std::vector<Resolved>& resolved, Resolved* out) const {
+  Resolved& r = *out;
+  for (const Resolved& other : resolved) {
     if (other.table == r.table) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", table_name, "' field '", field, ".table': a table may appear once per request"));
@@ -154,9 +169,49 @@ absl::Status Shard::Resolve(absl::string_view field, const std::string& table_na
   }
   EMBER_ASSIGN_OR_RETURN(r.dtype, DTypeFromProto(dtype, table_name, "dtype"));
   r.keys = KeysView(key_bytes, &r.key_storage);
-  EMBER_RETURN_IF_ERROR(CheckOwnership(table_name, r.keys));
-  resolved->push_back(std::move(r));
-  return absl::OkStatus();
+  return CheckOwnership(table_name, r.keys);
+}
+
+void Shard::SetMetrics(ShardMetrics* metrics) {
+  metrics_ = metrics;
+  {
+    WriterLock lock(&mu_);
+    for (auto& [name, table] : tables_) table->series = metrics->Table(name);
+  }
+  const std::string device = options_.device.ToString();
+  metrics->registry().OnScrape([this, metrics, device] {
+    std::vector<std::shared_ptr<Table>> tables;
+    {
+      ReaderLock lock(&mu_);
+      for (const auto& [name, table] : tables_) tables.push_back(table);
+    }
+    // Dropped tables disappear from the gauges.
+    for (auto* f : {&metrics->table_rows, &metrics->table_capacity, &metrics->table_memory}) {
+      f->Clear();
+    }
+    for (auto* f : {&metrics->table_inserts, &metrics->table_evictions,
+                    &metrics->table_insert_failures}) {
+      f->Clear();
+    }
+    for (const auto& t : tables) {
+      const StoreStats st = t->store->Stats();
+      const metrics::Labels labels = {t->config.name(), device};
+      metrics->table_rows.With(labels).Set(static_cast<double>(st.rows));
+      metrics->table_capacity.With(labels).Set(static_cast<double>(st.capacity));
+      metrics->table_memory.With(labels).Set(static_cast<double>(st.memory_bytes));
+      metrics->table_inserts.With(labels).Mirror(static_cast<double>(st.inserts));
+      metrics->table_evictions.With(labels).Mirror(static_cast<double>(st.evictions));
+      metrics->table_insert_failures.With(labels).Mirror(static_cast<double>(st.insert_failures));
+    }
+    const std::map<uint32_t, int64_t> applied = clock_.AppliedSteps();
+    int64_t fastest = -1;
+    for (const auto& [id, step] : applied) fastest = std::max(fastest, step);
+    metrics->worker_lag.Clear();
+    for (const auto& [id, step] : applied) {
+      metrics->worker_lag.With({absl::StrCat(id)}).Set(static_cast<double>(fastest - step));
+    }
+    metrics->registered_workers.Set(static_cast<double>(applied.size()));
+  });
 }
 
 absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,
@@ -191,8 +246,8 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
   uint64_t response_bytes = 0;
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::TableLookup& t = request.tables(i);
-    EMBER_RETURN_IF_ERROR(
-        Resolve(absl::StrCat("tables[", i, "]"), t.table(), t.keys(), t.dtype(), &resolved));
+    EMBER_RETURN_IF_ERROR(Resolve("Lookup", absl::StrCat("tables[", i, "]"), t.table(), t.keys(),
+                                  t.dtype(), &resolved));
     const Resolved& r = resolved.back();
     response_bytes += r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype);
   }
@@ -204,10 +259,15 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
   if (request.has_step()) {
     const int64_t required = request.step() - int64_t{request.staleness()} - 1;
     if (required >= 0) {
-      EMBER_RETURN_IF_ERROR(clock_.WaitFor(
-          required, std::min(deadline, absl::Now() + options_.max_ssp_wait),
+      const absl::Time start = absl::Now();
+      absl::Status waited = clock_.WaitFor(
+          required, std::min(deadline, start + options_.max_ssp_wait),
           absl::StrCat("lookup of worker ", request.worker_id(), " for step ", request.step(),
-                       " with staleness ", request.staleness())));
+                       " with staleness ", request.staleness()));
+      if (metrics_ != nullptr) {
+        metrics_->ssp_wait().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      EMBER_RETURN_IF_ERROR(waited);
     }
   }
 
@@ -224,8 +284,17 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
     absl::StatusOr<FindResult> found = request.tables(i).read_only()
                                            ? store.Find(r.keys, r.dtype, buf)
                                            : store.FindOrInsert(r.keys, r.dtype, buf);
-    if (!found.ok()) return found.status();
+    if (!found.ok()) {
+      if (metrics_ != nullptr) metrics_->TableError(request.tables(i).table(), "Lookup", found.status().code());
+      return found.status();
+    }
     out->set_missing(found->missing);
+    if (r.table->series != nullptr) {
+      r.table->series->lookup_requests->Add();
+      r.table->series->lookup_keys->Add(static_cast<double>(r.keys.size()));
+      r.table->series->lookup_bytes->Add(static_cast<double>(rows->size()));
+      r.table->series->lookup_missing->Add(static_cast<double>(found->missing));
+    }
   }
   return absl::OkStatus();
 }
@@ -243,12 +312,16 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
   resolved.reserve(request.tables_size());
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::TableGradients& t = request.tables(i);
-    EMBER_RETURN_IF_ERROR(
-        Resolve(absl::StrCat("tables[", i, "]"), t.table(), t.keys(), t.dtype(), &resolved));
+    EMBER_RETURN_IF_ERROR(Resolve("Push", absl::StrCat("tables[", i, "]"), t.table(), t.keys(),
+                                  t.dtype(), &resolved));
     const Resolved& r = resolved.back();
-    EMBER_RETURN_IF_ERROR(r.table->store->ValidateGradients(
+    absl::Status valid = r.table->store->ValidateGradients(
         r.keys, r.dtype,
-        {reinterpret_cast<const uint8_t*>(t.gradients().data()), t.gradients().size()}));
+        {reinterpret_cast<const uint8_t*>(t.gradients().data()), t.gradients().size()});
+    if (!valid.ok()) {
+      if (metrics_ != nullptr) metrics_->TableError(t.table(), "Push", valid.code());
+      return valid;
+    }
   }
 
   SspClock::Claim claim;
@@ -281,7 +354,15 @@ absl::Status Shard::Apply(const v1::PushRequest& request, const std::vector<Reso
     const std::string& grads = request.tables(i).gradients();
     absl::StatusOr<PushResult> pushed = r.table->store->ApplyValidatedGradients(
         r.keys, r.dtype, {reinterpret_cast<const uint8_t*>(grads.data()), grads.size()});
-    if (!pushed.ok()) return pushed.status();
+    if (!pushed.ok()) {
+      if (metrics_ != nullptr) metrics_->TableError(request.tables(i).table(), "Push", pushed.status().code());
+      return pushed.status();
+    }
+    if (r.table->series != nullptr) {
+      r.table->series->push_requests->Add();
+      r.table->series->push_keys->Add(static_cast<double>(r.keys.size()));
+      r.table->series->push_bytes->Add(static_cast<double>(grads.size()));
+    }
     v1::TablePushResult* out = response->add_tables();
     out->set_table(request.tables(i).table());
     out->set_updated(pushed->updated);

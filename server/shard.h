@@ -24,6 +24,7 @@
 #include "ember/v1/embedding_service.pb.h"
 #include "kernels/embedding_store.h"
 #include "kernels/store_factory.h"
+#include "server/shard_metrics.h"
 #include "server/ssp_clock.h"
 
 namespace ember {
@@ -69,6 +70,11 @@ class Shard {
   // Push, then Lookup; see EmbeddingService.Exchange.
   absl::Status Exchange(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
                         absl::Time deadline = absl::InfiniteFuture());
+  // Counts this shard's traffic in `metrics` (which must outlive the shard)
+  // and refreshes its table and clock gauges at every scrape. Call before
+  // serving.
+  void SetMetrics(ShardMetrics* metrics);
+
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);
   void UnregisterWorker(const v1::UnregisterWorkerRequest& request,
@@ -78,6 +84,7 @@ class Shard {
   struct Table {
     v1::TableConfig config;  // normalized
     std::unique_ptr<EmbeddingStore> store;
+    ShardMetrics::TableSeries* series = nullptr;  // null without metrics
   };
   // A table entry of a request, resolved and checked.
   struct Resolved {
@@ -89,9 +96,14 @@ class Shard {
 
   // Resolves the table name and keys of one request entry; checks the key
   // byte size, duplicates of the table in the request and key ownership.
-  absl::Status Resolve(absl::string_view field, const std::string& table_name,
+  absl::Status Resolve(absl::string_view rpc, absl::string_view field,
+                       const std::string& table_name,
                        const std::string& key_bytes, v1::DType dtype,
                        std::vector<Resolved>* resolved);
+  // Resolve's checks once the table is known.
+  absl::Status ResolveTable(absl::string_view field, const std::string& table_name,
+                            const std::string& key_bytes, v1::DType dtype,
+                            const std::vector<Resolved>& resolved, Resolved* out) const;
   // Applies a validated push to the stores.
   absl::Status Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
                      v1::PushResponse* response);
@@ -104,6 +116,7 @@ class Shard {
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   SspClock clock_;
+  ShardMetrics* metrics_ = nullptr;  // set before serving; null: no metrics
 };
 
 }  // namespace ember

@@ -94,4 +94,11 @@ absl::Status SspClock::WaitFor(int64_t required, absl::Time deadline, const std:
       slowest->first, " is behind: applied up to step ", slowest->second.applied));
 }
 
+std::map<uint32_t, int64_t> SspClock::AppliedSteps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<uint32_t, int64_t> out;
+  for (const auto& [id, w] : workers_) out[id] = w.applied;
+  return out;
+}
+
 }  // namespace ember

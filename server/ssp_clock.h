@@ -54,6 +54,8 @@ class SspClock {
 
   // The smallest applied step over registered workers (INT64_MAX if none).
   int64_t MinApplied() const;
+  // Each registered worker's applied step.
+  std::map<uint32_t, int64_t> AppliedSteps() const;
 
  private:
   struct Worker {

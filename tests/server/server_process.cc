@@ -61,6 +61,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     if (auto pos = out.find("EMBER_READY port="); pos != std::string::npos &&
                                                    out.find('\n', pos) != std::string::npos) {
       p->port_ = std::atoi(out.c_str() + pos + strlen("EMBER_READY port="));
+      if (auto m = out.find("metrics_port=", pos); m != std::string::npos) {
+        p->metrics_port_ = std::atoi(out.c_str() + m + strlen("metrics_port="));
+      }
       return p;
     }
   }

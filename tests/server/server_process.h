@@ -24,6 +24,8 @@ class ServerProcess {
   ~ServerProcess();
 
   int port() const { return port_; }
+  // The Prometheus port when started with --metrics_port, else -1.
+  int metrics_port() const { return metrics_port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   pid_t pid() const { return pid_; }
 
@@ -38,6 +40,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   int port_ = 0;
+  int metrics_port_ = -1;
   bool reaped_ = false;
 };
 

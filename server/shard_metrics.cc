@@ -1,0 +1,83 @@
+#include "server/shard_metrics.h"
+
+#include "absl/status/status.h"
+
+namespace ember {
+
+ShardMetrics::ShardMetrics(metrics::Registry* r)
+    : table_rows(r->AddGauge("ember_table_rows", "Rows stored in the table on this shard.",
+                             {"table", "device"})),
+      table_capacity(r->AddGauge("ember_table_capacity_rows",
+                                 "Most rows the table may hold on this shard (0: no limit).",
+                                 {"table", "device"})),
+      table_memory(r->AddGauge("ember_table_memory_bytes",
+                               "Bytes the table holds for rows, state and index on this shard.",
+                               {"table", "device"})),
+      table_inserts(r->AddCounter("ember_table_inserts_total",
+                                  "Rows inserted into the table since the shard started.",
+                                  {"table", "device"})),
+      table_evictions(r->AddCounter("ember_table_evictions_total",
+                                    "Rows evicted to make room (LRU or LFU) since start.",
+                                    {"table", "device"})),
+      table_insert_failures(r->AddCounter(
+          "ember_table_insert_failures_total",
+          "New keys refused because the table was full and evicts nothing.", {"table", "device"})),
+      worker_lag(r->AddGauge("ember_ssp_worker_lag_steps",
+                             "Steps a registered worker's applied pushes trail the fastest "
+                             "worker's on this shard.",
+                             {"worker"})),
+      registered_workers(r->AddGauge("ember_ssp_registered_workers",
+                                     "Workers registered in the consistency clock.")
+                             .With({})),
+      registry_(r),
+      calls_(r->AddCounter("ember_rpc_requests_total", "RPCs answered, by method and status code.",
+                           {"rpc", "code"})),
+      call_seconds_(r->AddHistogram("ember_rpc_duration_seconds",
+                                    "Time from an RPC's start to its answer, by method.", {"rpc"})),
+      table_requests_(r->AddCounter("ember_table_requests_total",
+                                    "Table entries of Lookup and Push calls served.",
+                                    {"table", "rpc"})),
+      table_keys_(r->AddCounter("ember_table_keys_total", "Keys looked up or pushed.",
+                                {"table", "rpc"})),
+      table_bytes_(r->AddCounter("ember_table_bytes_total",
+                                 "Row bytes returned by lookups and gradient bytes received by "
+                                 "pushes.",
+                                 {"table", "rpc"})),
+      table_missing_(r->AddCounter("ember_table_missing_keys_total",
+                                   "Looked-up keys that were not stored (answered with their "
+                                   "initial row).",
+                                   {"table"})),
+      table_errors_(r->AddCounter("ember_table_errors_total",
+                                  "Failed table entries of calls, by method and status code.",
+                                  {"table", "rpc", "code"})),
+      ssp_wait_(&r->AddHistogram("ember_ssp_wait_seconds",
+                                 "Time lookups carrying a step waited for slower workers.", {})
+                     .With({})) {}
+
+void ShardMetrics::RecordCall(absl::string_view rpc, absl::StatusCode code, double seconds) {
+  const std::string method(rpc);
+  calls_.With({method, absl::StatusCodeToString(code)}).Add();
+  call_seconds_.With({method}).Observe(seconds);
+}
+
+ShardMetrics::TableSeries* ShardMetrics::Table(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tables_.find(name);
+  if (it != tables_.end()) return it->second.get();
+  auto s = std::make_unique<TableSeries>();
+  s->lookup_requests = &table_requests_.With({name, "Lookup"});
+  s->lookup_keys = &table_keys_.With({name, "Lookup"});
+  s->lookup_bytes = &table_bytes_.With({name, "Lookup"});
+  s->lookup_missing = &table_missing_.With({name});
+  s->push_requests = &table_requests_.With({name, "Push"});
+  s->push_keys = &table_keys_.With({name, "Push"});
+  s->push_bytes = &table_bytes_.With({name, "Push"});
+  return tables_.emplace(name, std::move(s)).first->second.get();
+}
+
+void ShardMetrics::TableError(const std::string& table, absl::string_view rpc,
+                              absl::StatusCode code) {
+  table_errors_.With({table, std::string(rpc), absl::StatusCodeToString(code)}).Add();
+}
+
+}  // namespace ember

@@ -1,0 +1,72 @@
+// The shard's Prometheus metrics: one place that declares every family the
+// shard exports (names and meaning in docs/operations.md), and cached series
+// for the hot paths. Values read at scrape time (rows, memory, worker lag)
+// are set by Shard through the registry's scrape callback.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/metrics.h"
+
+namespace ember {
+
+class ShardMetrics {
+ public:
+  // Declares the families in `registry`, which must outlive this.
+  explicit ShardMetrics(metrics::Registry* registry);
+
+  metrics::Registry& registry() { return *registry_; }
+
+  // One RPC ended with `code` after `seconds` (at the service edge).
+  void RecordCall(absl::string_view rpc, absl::StatusCode code, double seconds);
+
+  // Counters of one table's traffic; stable for the shard's life.
+  struct TableSeries {
+    metrics::Counter* lookup_requests;
+    metrics::Counter* lookup_keys;
+    metrics::Counter* lookup_bytes;
+    metrics::Counter* lookup_missing;
+    metrics::Counter* push_requests;
+    metrics::Counter* push_keys;
+    metrics::Counter* push_bytes;
+  };
+  TableSeries* Table(const std::string& name);
+  // A request's part for an existing table failed with `code`.
+  void TableError(const std::string& table, absl::string_view rpc, absl::StatusCode code);
+
+  // How long lookups carrying a step waited for slower workers.
+  metrics::Histogram& ssp_wait() { return *ssp_wait_; }
+
+  // Scrape-time families the shard fills (cleared and refilled each scrape).
+  metrics::Family<metrics::Gauge>& table_rows;
+  metrics::Family<metrics::Gauge>& table_capacity;
+  metrics::Family<metrics::Gauge>& table_memory;
+  metrics::Family<metrics::Counter>& table_inserts;
+  metrics::Family<metrics::Counter>& table_evictions;
+  metrics::Family<metrics::Counter>& table_insert_failures;
+  metrics::Family<metrics::Gauge>& worker_lag;
+  metrics::Gauge& registered_workers;
+
+ private:
+  metrics::Registry* registry_;
+  metrics::Family<metrics::Counter>& calls_;
+  metrics::Family<metrics::Histogram>& call_seconds_;
+  metrics::Family<metrics::Counter>& table_requests_;
+  metrics::Family<metrics::Counter>& table_keys_;
+  metrics::Family<metrics::Counter>& table_bytes_;
+  metrics::Family<metrics::Counter>& table_missing_;
+  metrics::Family<metrics::Counter>& table_errors_;
+  metrics::Histogram* ssp_wait_;
+
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<TableSeries>, std::less<>> tables_;
+};
+
+}  // namespace ember
