@@ -9,6 +9,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <regex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -203,6 +205,45 @@ TEST_F(MetricsIntegrationTest, RealPrometheusScrapesBothShards) {
   auto rows = HttpGet((*prom)->port(), "/api/v1/query?query=ember_table_capacity_rows");
   ASSERT_OK(rows);
   EXPECT_NE(rows->find("\"table\":\"clicks\""), std::string::npos) << *rows;
+}
+
+// The metric names an expression file uses: ember_* and process_* words,
+// with a histogram's _bucket/_sum/_count suffix taken off.
+std::set<std::string> MetricNames(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::set<std::string> names;
+  const std::regex word("\\b(ember|process)_[a-z_]+\\b");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), word); it != std::sregex_iterator();
+       ++it) {
+    std::string name = it->str();
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string sfx(suffix);
+      if (name.size() > sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0) {
+        name.resize(name.size() - sfx.size());
+      }
+    }
+    names.insert(name);
+  }
+  return names;
+}
+
+TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALiveShard) {
+  auto text = HttpGet(shards_[0]->metrics_port(), "/metrics");
+  ASSERT_OK(text);
+  const std::string rules = std::string(EMBER_SOURCE_DIR) + "/deploy/prometheus/ember-alerts.yml";
+  const std::string dashboard =
+      std::string(EMBER_SOURCE_DIR) + "/deploy/grafana/ember-dashboard.json";
+  for (const std::string& file : {rules, dashboard}) {
+    const std::set<std::string> names = MetricNames(file);
+    EXPECT_GE(names.size(), 5u) << file;
+    for (const std::string& name : names) {
+      EXPECT_NE(text->find("# TYPE " + name + " "), std::string::npos)
+          << file << " uses " << name << ", which a live shard does not export";
+    }
+  }
+  std::string lint;
+  EXPECT_EQ(RunCommand({"promtool", "check", "rules", rules}, "", &lint), 0) << lint;
 }
 
 }  // namespace
