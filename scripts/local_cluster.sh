@@ -2,6 +2,7 @@
 # ports chosen at run time. Source it from a bash script:
 #   source scripts/local_cluster.sh
 #   start_shards 2            # sets SHARD_ADDRESSES=host:port,host:port
+#   start_shards 2 --metrics_port=0   # also SHARD_METRICS_PORTS=port,port
 #   start_redis 2             # sets REDIS_ADDRESSES (needs redis-server)
 #   ...
 #   stop_cluster              # SIGTERM; fails if a shard did not exit cleanly
@@ -11,6 +12,7 @@ CLUSTER_DIR="$(mktemp -d)"
 SHARD_PIDS=()
 REDIS_PIDS=()
 SHARD_ADDRESSES=""
+SHARD_METRICS_PORTS=""
 REDIS_ADDRESSES=""
 
 _cluster_cleanup() {
@@ -24,7 +26,7 @@ trap _cluster_cleanup EXIT
 start_shards() {
   local n="$1"
   shift
-  local addresses=() i port
+  local addresses=() metrics=() i port
   for ((i = 0; i < n; i++)); do
     "${EMBER_SERVER_BIN:-${EMBER_BUILD_DIR:-build}/server/ember-server}" --address=127.0.0.1 --port=0 --shard_index="$i" \
       --shard_count="$n" "$@" >"$CLUSTER_DIR/shard$i.out" 2>"$CLUSTER_DIR/shard$i.log" &
@@ -33,16 +35,18 @@ start_shards() {
   for ((i = 0; i < n; i++)); do
     port=""
     for _ in $(seq 1 200); do
-      port="$(sed -n 's/^EMBER_READY port=\([0-9]*\)$/\1/p' "$CLUSTER_DIR/shard$i.out")"
+      port="$(sed -n 's/^EMBER_READY port=\([0-9]*\).*$/\1/p' "$CLUSTER_DIR/shard$i.out")"
       [ -n "$port" ] && break
       kill -0 "${SHARD_PIDS[$i]}" 2>/dev/null || { cat "$CLUSTER_DIR/shard$i.log" >&2; return 1; }
       sleep 0.05
     done
     [ -n "$port" ] || { echo "shard $i did not start" >&2; return 1; }
     addresses+=("127.0.0.1:$port")
+    metrics+=("$(sed -n 's/^EMBER_READY .*metrics_port=\(-\?[0-9]*\).*$/\1/p' "$CLUSTER_DIR/shard$i.out")")
     echo "shard $i of $n serving on 127.0.0.1:$port"
   done
   SHARD_ADDRESSES="$(IFS=,; echo "${addresses[*]}")"
+  SHARD_METRICS_PORTS="$(IFS=,; echo "${metrics[*]}")"
 }
 
 # A TCP port on 127.0.0.1 that nothing listens on now.
