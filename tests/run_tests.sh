@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, builds, runs every CTest test
 # (unit, integration with real ember-server processes; GPU tests skip without
-# a GPU), then the concurrency tests again under ThreadSanitizer (store
-# stress, shard and SSP, and the client against real shards), and the store,
+# a GPU), then the concurrency tests again under ThreadSanitizer (metrics,
+# store stress, shard and SSP, and the client against real shards), and the store,
 # shard, server and client tests under AddressSanitizer + UBSan.
 #   bash tests/run_tests.sh          # everything
 #   EMBER_SKIP_TSAN=1 EMBER_SKIP_ASAN=1 bash tests/run_tests.sh
@@ -14,9 +14,11 @@ bash scripts/build.sh
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
-  echo "== ThreadSanitizer: store, shard, SSP and client concurrency tests"
-  EMBER_BUILD_DIR=build-tsan EMBER_TARGETS="store_test shard_test client_test client_integration_test" \
+  echo "== ThreadSanitizer: metrics, store, shard, SSP and client concurrency tests"
+  EMBER_BUILD_DIR=build-tsan \
+    EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test" \
     scripts/build.sh -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+  TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/common_test --gtest_filter='Metrics*:-*Death*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/shard_test
   # The client under TSan talks to regular shard processes; gRPC and Abseil
