@@ -21,7 +21,7 @@ absl::Time Deadline(grpc::ServerContext* context) {
 }  // namespace
 
 template <typename Call>
-grpc::Status EmbeddingServiceImpl::Measured(const char* rpc, Call call) {
+grpc::Status EmbeddingServiceImpl::Measured(ShardMetrics::Rpc rpc, Call call) {
   if (metrics_ == nullptr) return ToGrpcStatus(call());
   const absl::Time start = absl::Now();
   const absl::Status status = call();
@@ -33,21 +33,21 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           const v1::LookupRequest* request,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
-  return Measured("Lookup", [&] { return shard_->Lookup(*request, response, Deadline(context)); });
+  return Measured(ShardMetrics::Rpc::kLookup, [&] { return shard_->Lookup(*request, response, Deadline(context)); });
 }
 
 grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         const v1::PushRequest* request,
                                         v1::PushResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
-  return Measured("Push", [&] { return shard_->Push(*request, response); });
+  return Measured(ShardMetrics::Rpc::kPush, [&] { return shard_->Push(*request, response); });
 }
 
 grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
                                             const v1::ExchangeRequest* request,
                                             v1::ExchangeResponse* response) {
   if (Expired(context)) return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue"};
-  return Measured("Exchange",
+  return Measured(ShardMetrics::Rpc::kExchange,
                   [&] { return shard_->Exchange(*request, response, Deadline(context)); });
 }
 

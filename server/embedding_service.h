@@ -28,7 +28,7 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
  private:
   // Runs `call`, then counts it per method and status code with its latency.
   template <typename Call>
-  grpc::Status Measured(const char* rpc, Call call);
+  grpc::Status Measured(ShardMetrics::Rpc rpc, Call call);
 
   Shard* shard_;
   ShardMetrics* metrics_;

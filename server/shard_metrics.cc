@@ -54,10 +54,24 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
                                  "Time lookups carrying a step waited for slower workers.", {})
                      .With({})) {}
 
-void ShardMetrics::RecordCall(absl::string_view rpc, absl::StatusCode code, double seconds) {
-  const std::string method(rpc);
-  calls_.With({method, absl::StatusCodeToString(code)}).Add();
-  call_seconds_.With({method}).Observe(seconds);
+void ShardMetrics::RecordCall(Rpc rpc, absl::StatusCode code, double seconds) {
+  static constexpr const char* kNames[kRpcs] = {"Lookup", "Push", "Exchange"};
+  const int r = static_cast<int>(rpc);
+  const int c = static_cast<int>(code) >= 0 && static_cast<int>(code) < kCodes
+                    ? static_cast<int>(code)
+                    : static_cast<int>(absl::StatusCode::kUnknown);
+  metrics::Counter* calls = call_cache_[r][c].load(std::memory_order_acquire);
+  if (calls == nullptr) {  // first call with this code: With is idempotent
+    calls = &calls_.With({kNames[r], absl::StatusCodeToString(static_cast<absl::StatusCode>(c))});
+    call_cache_[r][c].store(calls, std::memory_order_release);
+  }
+  metrics::Histogram* latency = seconds_cache_[r].load(std::memory_order_acquire);
+  if (latency == nullptr) {
+    latency = &call_seconds_.With({kNames[r]});
+    seconds_cache_[r].store(latency, std::memory_order_release);
+  }
+  calls->Add();
+  latency->Observe(seconds);
 }
 
 ShardMetrics::TableSeries* ShardMetrics::Table(const std::string& name) {

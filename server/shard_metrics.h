@@ -6,6 +6,7 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,8 +25,13 @@ class ShardMetrics {
 
   metrics::Registry& registry() { return *registry_; }
 
-  // One RPC ended with `code` after `seconds` (at the service edge).
-  void RecordCall(absl::string_view rpc, absl::StatusCode code, double seconds);
+  enum class Rpc { kLookup, kPush, kExchange };
+  static constexpr int kRpcs = 3;
+  static constexpr int kCodes = 17;  // absl::StatusCode 0..16
+
+  // One RPC ended with `code` after `seconds` (at the service edge). The
+  // series are looked up once each and cached: this is per call.
+  void RecordCall(Rpc rpc, absl::StatusCode code, double seconds);
 
   // Counters of one table's traffic; stable for the shard's life.
   struct TableSeries {
@@ -64,6 +70,8 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_missing_;
   metrics::Family<metrics::Counter>& table_errors_;
   metrics::Histogram* ssp_wait_;
+  std::atomic<metrics::Counter*> call_cache_[kRpcs][kCodes] = {};
+  std::atomic<metrics::Histogram*> seconds_cache_[kRpcs] = {};
 
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<TableSeries>, std::less<>> tables_;
