@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, compute_mode, "sleep",
           "sleep: the host is free while the GPU computes; busy: CPU training (spins).");
 ABSL_FLAG(double, seconds, 4, "Measured time per configuration.");
 ABSL_FLAG(double, warmup_seconds, 2, "Untimed training first, so that tables hold the hot keys.");
+ABSL_FLAG(std::string, trace, "",
+          "If set, write the pipelines' timeline (Chrome trace JSON, for Perfetto or "
+          "chrome://tracing) of the runs with embeddings to this file.");
 ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
 ABSL_FLAG(int, batches, 256, "Distinct batches per pipeline, drawn up front and cycled.");
 ABSL_FLAG(uint64_t, seed, 42, "Seed of the id streams (pipeline p uses seed + p).");
@@ -110,6 +113,13 @@ RunResult RunBaseline(const Config& c) {
   return r;
 }
 
+// The timeline of every run, when --trace asks for one (bounded: 1M spans).
+TraceRecorder* Timeline() {
+  static TraceRecorder* trace =
+      absl::GetFlag(FLAGS_trace).empty() ? nullptr : new TraceRecorder();
+  return trace;
+}
+
 RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t worker_base,
                    const std::vector<FeatureSpec>& specs,
                    const std::vector<std::vector<Batch>>& batches) {
@@ -121,6 +131,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     o.worker_id = worker_base + p;
     o.features = specs;
     o.staleness = absl::GetFlag(FLAGS_staleness);
+    o.trace = Timeline();
     absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(client, o);
     if (!pipe.ok()) {
       r.status = pipe.status();
@@ -291,6 +302,14 @@ int Run() {
                 r.WaitMs(0.99), efficiency.c_str(), r.steps ? double(r.unique_keys) / r.steps : 0,
                 r.steps ? r.bytes / 1024.0 / r.steps : 0, r.steps ? double(r.rpcs) / r.steps : 0,
                 r.steps ? 1000.0 * r.cpu_seconds / r.steps : 0);
+  }
+  if (TraceRecorder* trace = Timeline()) {
+    if (absl::Status w = trace->WriteJson(absl::GetFlag(FLAGS_trace)); !w.ok()) {
+      std::fprintf(stderr, "ember-trainer: %s\n", w.ToString().c_str());
+      return 1;
+    }
+    std::printf("timeline: %zu spans in %s (open in ui.perfetto.dev)\n", trace->events(),
+                absl::GetFlag(FLAGS_trace).c_str());
   }
   return 0;
 }

@@ -84,6 +84,12 @@ class StepPipeline::Impl {
       for (const FeatureSpec& f : options_.features) shape.combiner.push_back(f.combiner);
       EMBER_ASSIGN_OR_RETURN(device_, NewDeviceContext(options_.device, std::move(shape)));
     }
+    if (options_.trace != nullptr) {
+      options_.trace->NameTrack(2 * options_.worker_id,
+                                absl::StrCat("worker ", options_.worker_id, " trainer"));
+      options_.trace->NameTrack(2 * options_.worker_id + 1,
+                                absl::StrCat("worker ", options_.worker_id, " network"));
+    }
     next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
     pushed_upto_ = options_.first_step - 1;
     if (options_.staleness >= 0) {
@@ -94,7 +100,9 @@ class StepPipeline::Impl {
   }
 
   absl::Status Prefetch(int64_t step, Batch batch) {
+    const absl::Time start = absl::Now();
     EMBER_RETURN_IF_ERROR(ValidateBatch(batch, feature_names_));
+    TraceStep(/*network=*/false, "Prefetch", start, step);
     auto s = std::make_shared<Step>();
     s->step = step;
     s->batch = std::move(batch);
@@ -140,6 +148,7 @@ class StepPipeline::Impl {
   }
 
   absl::Status Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled) {
+    const absl::Time start = absl::Now();
     EMBER_RETURN_IF_ERROR(CheckMode(/*device=*/false, "Push"));
     EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, StepToPush(step, d_pooled.size()));
     const size_t batch = s->batch.features[0].offsets.size() - 1;
@@ -156,12 +165,13 @@ class StepPipeline::Impl {
       s->d_pooled[f].assign(d_pooled[f].begin(), d_pooled[f].end());
     }
     s->pooled.clear();
-    QueuePush(std::move(s));
+    QueuePush(std::move(s), start);
     return absl::OkStatus();
   }
 
   absl::Status PushFromDevice(int64_t step, const std::vector<const float*>& d_pooled,
                               DeviceStream stream) {
+    const absl::Time start = absl::Now();
     EMBER_RETURN_IF_ERROR(CheckMode(/*device=*/true, "PushFromDevice"));
     EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, StepToPush(step, d_pooled.size()));
     for (size_t f = 0; f < d_pooled.size(); ++f) {
@@ -171,7 +181,7 @@ class StepPipeline::Impl {
       }
     }
     EMBER_RETURN_IF_ERROR(s->dev->Backward(d_pooled, stream));
-    QueuePush(std::move(s));
+    QueuePush(std::move(s), start);
     return absl::OkStatus();
   }
 
@@ -222,6 +232,16 @@ class StepPipeline::Impl {
     absl::Time queued;
   };
 
+  // A span of this pipeline's trainer or network track, for step `step`.
+  void TraceStep(bool network, const char* name, absl::Time start, int64_t step,
+                 std::string args = "") {
+    if (options_.trace == nullptr) return;
+    if (!args.empty()) args += ",";
+    absl::StrAppend(&args, "\"step\":", step);
+    options_.trace->Record(2 * options_.worker_id + (network ? 1 : 0), name, start, absl::Now(),
+                           std::move(args));
+  }
+
   // Host and device pipelines each have their own Wait / Push.
   absl::Status CheckMode(bool device, absl::string_view call) const {
     if (device == (device_ != nullptr)) return absl::OkStatus();
@@ -248,6 +268,7 @@ class StepPipeline::Impl {
     std::shared_ptr<Step> s = steps_[step - steps_.front()->step];
     const absl::Time start = absl::Now();
     cv_.wait(lock, [&] { return s->ready || !error_.ok(); });
+    TraceStep(/*network=*/false, "Wait", start, step);
     const double waited = absl::ToDoubleSeconds(absl::Now() - start);
     stats_.wait_seconds += waited;
     stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
@@ -274,7 +295,8 @@ class StepPipeline::Impl {
     return steps_.front();
   }
 
-  void QueuePush(std::shared_ptr<Step> s) {
+  void QueuePush(std::shared_ptr<Step> s, absl::Time start) {
+    TraceStep(/*network=*/false, "Push", start, s->step);
     {
       std::lock_guard<std::mutex> lock(mu_);
       steps_.pop_front();
@@ -532,6 +554,7 @@ class StepPipeline::Impl {
       stats_.bytes_received += received;
       return absl::OkStatus();
     }
+    const absl::Time pool_start = absl::Now();
     s.pooled.resize(feature_table_.size());
     for (size_t f = 0; f < feature_table_.size(); ++f) {
       const FeatureBatch& fb = s.batch.features[f];
@@ -540,6 +563,7 @@ class StepPipeline::Impl {
       PoolForward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
                   rows[tb], table_dim_[tb], s.pooled[f].data());
     }
+    TraceStep(/*network=*/true, "Pool", pool_start, s.step);
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_received += received;
     return absl::OkStatus();
@@ -633,7 +657,16 @@ class StepPipeline::Impl {
       }
     }
     std::vector<v1::ExchangeResponse> responses;
+    const absl::Time start = absl::Now();
     absl::Status status = client_->Exchange(requests, &responses);
+    if (options_.trace != nullptr) {
+      std::string args = absl::StrCat("\"shards\":", shards);
+      if (push) absl::StrAppend(&args, ",\"push_step\":", push->step);
+      if (fetch) absl::StrAppend(&args, ",\"fetch_step\":", fetch->step);
+      absl::StrAppend(&args, ",\"ok\":", status.ok() ? "true" : "false");
+      options_.trace->Record(2 * options_.worker_id + 1, "Exchange", start, absl::Now(),
+                             std::move(args));
+    }
     if (fetch) {
       // The keys come back to the step for its push.
       for (uint32_t sh = 0; sh < shards; ++sh) {

@@ -20,7 +20,9 @@
 #include "ember/client.h"
 #include "ember/step_pipeline.h"
 #include "common/status_macros.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "ember/device.h"
 #include "kernels/embedding_store.h"
@@ -464,6 +466,48 @@ TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHan
   EXPECT_GT(client_->Stats().retries, 0u);
   EXPECT_EQ((*pipe)->Stats().steps_pushed, kSteps);
   ASSERT_OK((*pipe)->Close());
+}
+
+// ---- The timeline (PipelineOptions::trace).
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
+  StartShards(2);
+  TraceRecorder trace;
+  PipelineOptions o;
+  o.worker_id = 3;
+  o.features = kFeatures;
+  o.staleness = 1;
+  o.trace = &trace;
+  auto pipe = StepPipeline::Create(client_.get(), o);
+  ASSERT_OK(pipe);
+  constexpr int64_t kSteps = 12;
+  ASSERT_OK(Train(**pipe, kSteps, 0));
+  ASSERT_OK((*pipe)->Close());
+  const std::string path = ::testing::TempDir() + "/ember_trace.json";
+  ASSERT_OK(trace.WriteJson(path));
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  // Valid JSON with the trace-event structure.
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json.substr(0, 500);
+  ASSERT_TRUE(parsed.fields().contains("traceEvents"));
+  EXPECT_EQ(Count(json, "\"name\":\"Prefetch\""), size_t{kSteps});
+  EXPECT_EQ(Count(json, "\"name\":\"Wait\""), size_t{kSteps});
+  EXPECT_EQ(Count(json, "\"name\":\"Push\""), size_t{kSteps});
+  EXPECT_EQ(Count(json, "\"name\":\"Pool\""), size_t{kSteps});
+  for (int64_t t = 0; t < kSteps; ++t) {  // every fetch and push went out in some round trip
+    EXPECT_EQ(Count(json, absl::StrCat("\"fetch_step\":", t, ",")), 1u) << t;
+    EXPECT_EQ(Count(json, absl::StrCat("\"push_step\":", t, ",")), 1u) << t;
+  }
+  EXPECT_EQ(Count(json, "\"name\":\"worker 3 trainer\""), 1u);
+  EXPECT_EQ(Count(json, "\"name\":\"worker 3 network\""), 1u);
+  EXPECT_EQ(trace.dropped(), 0u);
 }
 
 // ---- The node exchange (PipelineOptions::node_transport).

@@ -52,6 +52,7 @@
 #include "ember/client.h"
 #include "ember/device.h"
 #include "ember/node_exchange.h"
+#include "ember/trace.h"
 
 namespace ember {
 
@@ -83,6 +84,10 @@ struct PipelineOptions {
   // order; each is its own SSP worker. A failure on one rank stops the others
   // when their transport times out. Null: no exchange. Not owned.
   ExchangeTransport* node_transport = nullptr;
+  // Records this pipeline's timeline (Prefetch, Wait, Push, Exchange, Pool)
+  // for Perfetto / chrome://tracing; see ember/trace.h. Not owned; may be
+  // shared by pipelines. Null: no timeline.
+  TraceRecorder* trace = nullptr;
 };
 
 // The rows of one step, valid until Push(step) is called for it.
