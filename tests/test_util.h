@@ -16,6 +16,16 @@
 
 namespace ember::testing {
 
+// True in the sanitizer builds. Debian's protobuf is not built with them, and
+// reading a google::protobuf::Struct parsed from JSON crashed inside its Map
+// code under TSan (cause not established); tests skip only that JSON
+// inspection there, the plain build runs it.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 inline absl::Status StatusOf(const absl::Status& s) { return s; }
 template <typename T>
 absl::Status StatusOf(const absl::StatusOr<T>& s) {
