@@ -12,6 +12,7 @@
 #include "client/pooling_math.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_raii.cuh"
+#include "kernels/cuda/grid.cuh"
 
 namespace ember {
 namespace {
@@ -37,11 +38,10 @@ __global__ void PoolForwardKernel(const int64_t* offsets, const uint32_t* invers
                                   const float* weights, Combiner combiner, const float* rows,
                                   uint32_t dim, uint64_t batch, float* pooled) {
   const uint64_t total = batch * dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     pooled[e] = pool::PooledElement(offsets, inverse, weights, combiner, rows, dim,
                                     static_cast<int64_t>(e / dim), static_cast<uint32_t>(e % dim));
-  }
+  });
 }
 
 // d_rows[u, d] = sum over u's occurrences, in (feature, id) order, of
@@ -51,8 +51,7 @@ __global__ void PoolBackwardKernel(const uint32_t* occ_offsets, const Occurrence
                                    const float* coef, FeaturePointers d_pooled, uint32_t dim,
                                    uint64_t unique, float* d_rows) {
   const uint64_t total = unique * dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     const uint64_t u = e / dim;
     const uint32_t d = static_cast<uint32_t>(e % dim);
     float acc = 0.0f;
@@ -60,7 +59,7 @@ __global__ void PoolBackwardKernel(const uint32_t* occ_offsets, const Occurrence
       acc += coef[k] * d_pooled.p[occ[k].feature][static_cast<uint64_t>(occ[k].example) * dim + d];
     }
     d_rows[e] = acc;
-  }
+  });
 }
 
 // Byte layout of one step's upload; the same offsets on host and device.

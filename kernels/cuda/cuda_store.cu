@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "kernels/bucket_table.h"
 #include "kernels/cuda/cuda_raii.cuh"
+#include "kernels/cuda/grid.cuh"
 #include "kernels/initializer_math.h"
 #include "kernels/optimizer_math.h"
 
@@ -94,12 +95,11 @@ __global__ void GatherKernel(bucket::Table t, Rows r, InitializerConfig init,
                              const uint64_t* keys, const int64_t* slots, const uint8_t* found,
                              GatherWhich which, uint64_t n, DType out_dtype, void* out) {
   const uint64_t total = n * r.dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     const uint64_t i = e / r.dim;
     const uint32_t j = static_cast<uint32_t>(e % r.dim);
-    if (which == GatherWhich::kFound && !found[i]) continue;
-    if (which == GatherWhich::kMissing && found[i]) continue;
+    if (which == GatherWhich::kFound && !found[i]) return;
+    if (which == GatherWhich::kMissing && found[i]) return;
     const uint64_t key = keys[i];
     const int64_t slot = slots[i];
     float v;
@@ -109,7 +109,7 @@ __global__ void GatherKernel(bucket::Table t, Rows r, InitializerConfig init,
       v = RoundTo(r.dtype, init::Element(init, init::KeyBase(init.seed, key), j));
     }
     StoreElement(out, out_dtype, e, v);
-  }
+  });
 }
 
 // The keys of `items` (indices into keys[]) with their bucket, for sorting.
@@ -167,11 +167,10 @@ __global__ void InitRowsKernel(Rows r, InitializerConfig init, OptimizerConfig o
                                const uint64_t* keys, const int64_t* slots, const uint8_t* fresh,
                                uint64_t n) {
   const uint64_t total = n * r.dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     const uint64_t i = e / r.dim;
     const uint32_t j = static_cast<uint32_t>(e % r.dim);
-    if (!fresh[i]) continue;
+    if (!fresh[i]) return;
     const uint64_t slot = static_cast<uint64_t>(slots[i]);
     StoreElement(r.values, r.dtype, slot * r.dim + j,
                  init::Element(init, init::KeyBase(init.seed, keys[i]), j));
@@ -189,7 +188,7 @@ __global__ void InitRowsKernel(Rows r, InitializerConfig init, OptimizerConfig o
         break;
     }
     if (j == 0 && r.steps != nullptr) r.steps[slot] = 0;
-  }
+  });
 }
 
 // Adam: advances each unique row's step once and keeps its step size.
@@ -215,15 +214,14 @@ __global__ void ApplyKernel(bucket::Table t, Rows r, OptimizerConfig opt, const 
                             DType grad_dtype, const void* grads, const float* step_size,
                             Counters* c) {
   const uint64_t total = u * r.dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     const uint64_t i = e / r.dim;
     const uint32_t j = static_cast<uint32_t>(e % r.dim);
     const int64_t slot = slots[i];
-    if (slot == kNoSlot) continue;  // refused by a full table: counted as failed
+    if (slot == kNoSlot) return;  // refused by a full table: counted as failed
     if (t.keys[slot] != keys[i]) {  // evicted by a later key of this call
       if (j == 0) atomicAdd(&c->dropped, 1ull);
-      continue;
+      return;
     }
     const uint32_t first = run_offsets[i];
     float g = LoadElement(grads, grad_dtype, static_cast<uint64_t>(run_pos[first]) * r.dim + j);
@@ -240,7 +238,7 @@ __global__ void ApplyKernel(bucket::Table t, Rows r, OptimizerConfig opt, const 
       case OptimizerKind::kFtrl: opt::Ftrl(opt, g, w, state[j], state[r.dim + j]); break;
     }
     StoreElement(r.values, r.dtype, at, w);
-  }
+  });
 }
 
 // Import: writes given values, state, steps and scores at the keys' slots.
@@ -249,12 +247,11 @@ __global__ void ScatterKernel(bucket::Table t, Rows r, const int64_t* slots, uin
                              const uint32_t* scores) {
   const uint64_t total = n * r.dim;
   const uint32_t sf = r.state_per_element * r.dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     const uint64_t i = e / r.dim;
     const uint32_t j = static_cast<uint32_t>(e % r.dim);
     const int64_t slot = slots[i];
-    if (slot == kNoSlot) continue;
+    if (slot == kNoSlot) return;
     StoreElement(r.values, r.dtype, static_cast<uint64_t>(slot) * r.dim + j, values[e]);
     for (uint32_t k = 0; k < r.state_per_element; ++k) {
       r.state[static_cast<uint64_t>(slot) * sf + k * r.dim + j] = state[i * sf + k * r.dim + j];
@@ -263,7 +260,7 @@ __global__ void ScatterKernel(bucket::Table t, Rows r, const int64_t* slots, uin
       if (r.steps != nullptr) r.steps[slot] = steps[i];
       t.scores[slot] = scores[i];
     }
-  }
+  });
 }
 
 // Growth: the occupied slots of the old table, as items.
@@ -293,8 +290,7 @@ __global__ void MoveRowsKernel(Rows from, Rows to, const uint32_t* items, const 
   const uint32_t value_bytes = from.dim * static_cast<uint32_t>(DTypeSize(from.dtype));
   const uint32_t sf = from.state_per_element * from.dim;
   const uint64_t total = m * from.dim;
-  for (uint64_t e = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  cuda::ForEachGridIndex(total, [&](uint64_t e) {
     const uint64_t k = e / from.dim;
     const uint32_t j = static_cast<uint32_t>(e % from.dim);
     const uint64_t src = items[k];
@@ -305,7 +301,7 @@ __global__ void MoveRowsKernel(Rows from, Rows to, const uint32_t* items, const 
       to.state[dst * sf + q * from.dim + j] = from.state[src * sf + q * from.dim + j];
     }
     if (j == 0 && from.steps != nullptr) to.steps[dst] = from.steps[src];
-  }
+  });
 }
 
 __global__ void NotKernel(const uint8_t* in, uint64_t n, uint8_t* out) {
@@ -359,8 +355,8 @@ struct CudaStore::Impl {
   // Per-call scratch, grown as needed.
   DeviceBuffer keys, out, found, slots, fresh, flags, items, buckets, sorted_items,
       sorted_buckets, sorted_keys, sorted_pos, unique_keys, run_counts, run_offsets, num_runs,
-      step_size, grads, refound, grow_slots, counters, cub_temp, import_values, import_state, import_steps,
-      import_scores;
+      step_size, grads, staged_found, refound, grow_slots, counters, cub_temp, import_values,
+      import_state, import_steps, import_scores;
 
   std::atomic<uint64_t> rows{0}, inserts{0}, evictions{0}, insert_failures{0};
   std::atomic<uint64_t> memory_bytes{0};
@@ -792,15 +788,15 @@ absl::StatusOr<FindResult> CudaStore::FindImpl(absl::Span<const uint64_t> keys, 
   EMBER_ASSIGN_OR_RETURN(uint64_t* d_keys,
                          m.Stage<uint64_t>(m.keys, keys.data(), n * sizeof(uint64_t)));
   EMBER_RETURN_IF_ERROR(m.out.Reserve(std::max<uint64_t>(out_bytes, 1)));
-  EMBER_RETURN_IF_ERROR(m.grads.Reserve(std::max<uint64_t>(n, 1)));  // found flags
+  EMBER_RETURN_IF_ERROR(m.staged_found.Reserve(std::max<uint64_t>(n, 1)));
   auto r = m.FindLocked(d_keys, n, out_dtype, m.out.get(),
-                        found ? m.grads.get<uint8_t>() : nullptr, insert);
+                        found ? m.staged_found.get<uint8_t>() : nullptr, insert);
   if (!r.ok()) return r;
   EMBER_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(out, m.out.get(), out_bytes, cudaMemcpyDeviceToHost, m.s()));
   if (found) {
     EMBER_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(found, m.grads.get(), n, cudaMemcpyDeviceToHost, m.s()));
+        cudaMemcpyAsync(found, m.staged_found.get(), n, cudaMemcpyDeviceToHost, m.s()));
   }
   EMBER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return r;
