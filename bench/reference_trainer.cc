@@ -25,6 +25,7 @@
 #include "common/abseil_mode.h"
 #include "ember/client.h"
 #include "ember/step_pipeline.h"
+#include "ember/trainer_metrics.h"
 
 ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
 ABSL_FLAG(std::string, pipelines, "4",
@@ -40,6 +41,9 @@ ABSL_FLAG(double, warmup_seconds, 2, "Untimed training first, so that tables hol
 ABSL_FLAG(std::string, trace, "",
           "If set, write the pipelines' timeline (Chrome trace JSON, for Perfetto or "
           "chrome://tracing) of the runs with embeddings to this file.");
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve the trainer's Prometheus metrics (ember_trainer_*) on GET /metrics at this "
+          "port; 0: a free one (printed); -1: off.");
 ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
 ABSL_FLAG(int, batches, 256, "Distinct batches per pipeline, drawn up front and cycled.");
 ABSL_FLAG(uint64_t, seed, 42, "Seed of the id streams (pipeline p uses seed + p).");
@@ -120,6 +124,13 @@ TraceRecorder* Timeline() {
   return trace;
 }
 
+// The trainer's metrics, when --metrics_port asks for them.
+TrainerMetrics* Metrics() {
+  static TrainerMetrics* metrics =
+      absl::GetFlag(FLAGS_metrics_port) < 0 ? nullptr : new TrainerMetrics();
+  return metrics;
+}
+
 RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t worker_base,
                    const std::vector<FeatureSpec>& specs,
                    const std::vector<std::vector<Batch>>& batches) {
@@ -132,6 +143,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     o.features = specs;
     o.staleness = absl::GetFlag(FLAGS_staleness);
     o.trace = Timeline();
+    o.metrics = Metrics();
     absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(client, o);
     if (!pipe.ok()) {
       r.status = pipe.status();
@@ -198,6 +210,18 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
 int Run() {
   ClientOptions options;
   options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
+  options.metrics = Metrics();
+  std::unique_ptr<MetricsHttpServer> metrics_http;
+  if (TrainerMetrics* metrics = Metrics()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+        metrics->Serve("0.0.0.0", absl::GetFlag(FLAGS_metrics_port));
+    if (!http.ok()) {
+      std::fprintf(stderr, "ember-trainer: --metrics_port: %s\n", http.status().ToString().c_str());
+      return 1;
+    }
+    metrics_http = std::move(*http);
+    std::printf("metrics: http://127.0.0.1:%d/metrics\n", metrics_http->port());
+  }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) {
     std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());

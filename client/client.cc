@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/wire.h"
 #include "ember/v1/admin_service.grpc.pb.h"
+#include "ember/trainer_metrics.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -81,11 +82,13 @@ class Client::Impl {
   // Sends requests[i] to every shard i with active[i], in parallel, each
   // attempt with its own deadline; retries UNAVAILABLE ones with backoff
   // while the retry budget lasts. `issue(shard, context, request, response,
-  // done)` starts one asynchronous call.
+  // done)` starts one asynchronous call. Every attempt goes to the metrics
+  // (if any) and, when `calls` is given, is appended to it.
   template <typename Req, typename Resp, typename IssueFn>
   absl::Status CallShards(absl::string_view method, absl::Span<const Req> requests,
                           const std::vector<bool>& active, std::vector<Resp>* responses,
-                          absl::Duration timeout, IssueFn issue) {
+                          absl::Duration timeout, IssueFn issue,
+                          std::vector<ShardCall>* calls = nullptr) {
     const uint32_t n = static_cast<uint32_t>(requests.size());
     responses->resize(n);
     std::vector<uint32_t> pending;
@@ -98,6 +101,7 @@ class Client::Impl {
     int attempt = 0;
     while (!pending.empty()) {
       std::vector<grpc::Status> statuses(pending.size());
+      std::vector<absl::Time> starts(pending.size()), ends(pending.size());
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(pending.size());
       Latch latch(static_cast<int>(pending.size()));
       const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
@@ -108,13 +112,23 @@ class Client::Impl {
         (*responses)[shard].Clear();
         ++rpcs;
         if (attempt > 0) ++retries;
+        starts[j] = absl::Now();
         issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard],
-              [&statuses, &latch, j](grpc::Status s) {
+              [&statuses, &ends, &latch, j](grpc::Status s) {
+                ends[j] = absl::Now();
                 statuses[j] = std::move(s);
                 latch.CountDown();
               });
       }
       latch.Wait();
+      for (size_t j = 0; j < pending.size(); ++j) {
+        const auto code = static_cast<absl::StatusCode>(statuses[j].error_code());
+        if (options.metrics != nullptr) {
+          options.metrics->RecordRpc(pending[j], method, code,
+                                     absl::ToDoubleSeconds(ends[j] - starts[j]));
+        }
+        if (calls != nullptr) calls->push_back({pending[j], attempt, starts[j], ends[j], code});
+      }
       std::vector<uint32_t> retry;
       for (size_t j = 0; j < pending.size(); ++j) {
         const grpc::Status& s = statuses[j];
@@ -288,7 +302,8 @@ absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
 }
 
 absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
-                              std::vector<v1::ExchangeResponse>* responses) {
+                              std::vector<v1::ExchangeResponse>* responses,
+                              std::vector<ShardCall>* calls) {
   if (requests.size() != shard_count()) {
     return absl::InvalidArgumentError(absl::StrCat("Exchange: expected ", shard_count(),
                                                    " requests (one per shard), received ",
@@ -303,7 +318,8 @@ absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
       [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* req,
           v1::ExchangeResponse* resp, std::function<void(grpc::Status)> done) {
         impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
-      });
+      },
+      calls);
 }
 
 absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {

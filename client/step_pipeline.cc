@@ -34,7 +34,18 @@ struct Step {
   std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push
   std::unique_ptr<DeviceStep> dev;           // device pipelines: the step on the GPU
   bool ready = false;  // the fetch finished (or failed: see the pipeline's error)
+  // For the metrics: when Prefetch queued it and when its rows were ready;
+  // its ids; the bytes its fetch, push and node exchange moved.
+  absl::Time prefetched;
+  absl::Time ready_at;
+  uint64_t keys = 0;
+  uint64_t bytes = 0;
 };
+
+// Timeline threads of a pipeline's process (TraceTrack::thread).
+constexpr uint32_t kTrainerThread = 0;
+constexpr uint32_t kNetworkThread = 1;
+constexpr uint32_t kFirstShardThread = 2;
 
 }  // namespace
 
@@ -85,10 +96,17 @@ class StepPipeline::Impl {
       EMBER_ASSIGN_OR_RETURN(device_, NewDeviceContext(options_.device, std::move(shape)));
     }
     if (options_.trace != nullptr) {
-      options_.trace->NameTrack(2 * options_.worker_id,
-                                absl::StrCat("worker ", options_.worker_id, " trainer"));
-      options_.trace->NameTrack(2 * options_.worker_id + 1,
-                                absl::StrCat("worker ", options_.worker_id, " network"));
+      options_.trace->NameProcess(Track(0).process, absl::StrCat("worker ", options_.worker_id));
+      options_.trace->NameTrack(Track(kTrainerThread), "trainer");
+      options_.trace->NameTrack(Track(kNetworkThread), "network");
+      for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
+        options_.trace->NameTrack(Track(kFirstShardThread + sh), client_->ShardName(sh));
+      }
+    }
+    if (options_.metrics != nullptr) {
+      metrics_ = &options_.metrics->ForWorker(options_.worker_id);
+      metrics_->staleness_bound->Set(options_.staleness < 0 ? -1 : options_.staleness);
+      metrics_->failed->Set(0);
     }
     next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
     pushed_upto_ = options_.first_step - 1;
@@ -106,6 +124,8 @@ class StepPipeline::Impl {
     auto s = std::make_shared<Step>();
     s->step = step;
     s->batch = std::move(batch);
+    s->keys = CountKeys(s->batch);
+    s->prefetched = absl::Now();
     {
       std::lock_guard<std::mutex> lock(mu_);
       EMBER_RETURN_IF_ERROR(error_);
@@ -120,9 +140,10 @@ class StepPipeline::Impl {
       }
       ++next_prefetch_;
       steps_.push_back(s);
-      stats_.keys += CountKeys(s->batch);
+      stats_.keys += s->keys;
       jobs_.push_back({Job::kFetch, s, absl::Now()});
     }
+    if (metrics_ != nullptr) metrics_->keys->Add(static_cast<double>(s->keys));
     cv_.notify_all();
     return absl::OkStatus();
   }
@@ -232,14 +253,17 @@ class StepPipeline::Impl {
     absl::Time queued;
   };
 
+  // A track of this pipeline's timeline process.
+  TraceTrack Track(uint32_t thread) const { return {options_.worker_id + 1, thread}; }
+
   // A span of this pipeline's trainer or network track, for step `step`.
   void TraceStep(bool network, const char* name, absl::Time start, int64_t step,
                  std::string args = "") {
     if (options_.trace == nullptr) return;
     if (!args.empty()) args += ",";
     absl::StrAppend(&args, "\"step\":", step);
-    options_.trace->Record(2 * options_.worker_id + (network ? 1 : 0), name, start, absl::Now(),
-                           std::move(args));
+    options_.trace->Record(Track(network ? kNetworkThread : kTrainerThread), name, start,
+                           absl::Now(), std::move(args));
   }
 
   // Host and device pipelines each have their own Wait / Push.
@@ -275,6 +299,14 @@ class StepPipeline::Impl {
     ++stats_.steps_waited;
     ++next_wait_;
     EMBER_RETURN_IF_ERROR(error_);
+    if (metrics_ != nullptr) {
+      // The fetch took `fetch`; the trainer saw `waited` of it.
+      const double fetch = absl::ToDoubleSeconds(s->ready_at - s->prefetched);
+      metrics_->steps->Add();
+      metrics_->exposed_wait->Observe(waited);
+      metrics_->fetch->Observe(fetch);
+      metrics_->overlap->Set(fetch > 0 ? std::clamp(1.0 - waited / fetch, 0.0, 1.0) : 1.0);
+    }
     return s;
   }
 
@@ -418,13 +450,23 @@ class StepPipeline::Impl {
       absl::Status status = SendExchange(push.get(), fetch.get());
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!status.ok() && error_.ok()) error_ = status;
-        if (fetch) fetch->ready = true;
+        if (!status.ok() && error_.ok()) {
+          error_ = status;
+          if (metrics_ != nullptr) metrics_->failed->Set(1);
+        }
+        if (fetch) {
+          fetch->ready = true;
+          fetch->ready_at = absl::Now();
+        }
         if (push) {
           --pushes_in_flight_;
           ++stats_.steps_pushed;
           if (status.ok()) pushed_upto_ = push->step;
         }
+      }
+      if (push && status.ok() && metrics_ != nullptr) {
+        metrics_->pushes->Add();
+        metrics_->step_bytes->Set(static_cast<double>(push->bytes));
       }
       cv_.notify_all();
     }
@@ -545,15 +587,10 @@ class StepPipeline::Impl {
       for (size_t tb = 0; tb < tables; ++tb) {
         memcpy(rows[tb], mine[tb].data(), mine[tb].size() * sizeof(float));
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.exchange_bytes += node_->bytes_sent() + node_->bytes_received() - before;
+      CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     }
-    if (device_) {
-      EMBER_RETURN_IF_ERROR(s.dev->Upload());
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.bytes_received += received;
-      return absl::OkStatus();
-    }
+    CountBytes(s, 0, received, 0);
+    if (device_) return s.dev->Upload();
     const absl::Time pool_start = absl::Now();
     s.pooled.resize(feature_table_.size());
     for (size_t f = 0; f < feature_table_.size(); ++f) {
@@ -564,8 +601,6 @@ class StepPipeline::Impl {
                   rows[tb], table_dim_[tb], s.pooled[f].data());
     }
     TraceStep(/*network=*/true, "Pool", pool_start, s.step);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_received += received;
     return absl::OkStatus();
   }
 
@@ -603,8 +638,7 @@ class StepPipeline::Impl {
       }
       EMBER_ASSIGN_OR_RETURN(owned_grads, node_->ReduceGradients(mine));
       for (size_t tb = 0; tb < tables; ++tb) grads[tb] = owned_grads[tb].data();
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.exchange_bytes += node_->bytes_sent() + node_->bytes_received() - before;
+      CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     }
     requests->assign(shards, {});
     uint64_t sent = 0;
@@ -641,31 +675,40 @@ class StepPipeline::Impl {
   absl::Status SendExchange(Step* push, Step* fetch) {
     const uint32_t shards = client_->shard_count();
     std::vector<v1::ExchangeRequest> requests(shards);
-    uint64_t sent = 0, unique_keys = 0;
     if (push) {
       std::vector<v1::PushRequest> pushes;
       EMBER_ASSIGN_OR_RETURN(const uint64_t bytes, BuildPush(*push, &pushes));
-      sent += bytes;
+      CountBytes(*push, bytes, 0, 0);
       for (uint32_t sh = 0; sh < shards; ++sh) requests[sh].mutable_push()->Swap(&pushes[sh]);
     }
     if (fetch) {
-      EMBER_ASSIGN_OR_RETURN(unique_keys, BuildLookup(*fetch));
+      EMBER_ASSIGN_OR_RETURN(const uint64_t unique_keys, BuildLookup(*fetch));
+      uint64_t sent = 0;
       for (uint32_t sh = 0; sh < shards; ++sh) {
         if (fetch->lookups[sh].tables_size() == 0) continue;
         for (const v1::TableLookup& t : fetch->lookups[sh].tables()) sent += t.keys().size();
         requests[sh].mutable_lookup()->Swap(&fetch->lookups[sh]);
       }
+      CountBytes(*fetch, sent, 0, 0);
+      CountFetch(*fetch, unique_keys, push);
     }
     std::vector<v1::ExchangeResponse> responses;
+    std::vector<ShardCall> calls;
     const absl::Time start = absl::Now();
-    absl::Status status = client_->Exchange(requests, &responses);
+    absl::Status status =
+        client_->Exchange(requests, &responses, options_.trace != nullptr ? &calls : nullptr);
     if (options_.trace != nullptr) {
       std::string args = absl::StrCat("\"shards\":", shards);
       if (push) absl::StrAppend(&args, ",\"push_step\":", push->step);
       if (fetch) absl::StrAppend(&args, ",\"fetch_step\":", fetch->step);
       absl::StrAppend(&args, ",\"ok\":", status.ok() ? "true" : "false");
-      options_.trace->Record(2 * options_.worker_id + 1, "Exchange", start, absl::Now(),
+      options_.trace->Record(Track(kNetworkThread), "Exchange", start, absl::Now(),
                              std::move(args));
+      for (const ShardCall& c : calls) {
+        options_.trace->Record(Track(kFirstShardThread + c.shard), "Exchange RPC", c.start, c.end,
+                               absl::StrCat("\"attempt\":", c.attempt, ",\"code\":\"",
+                                            absl::StatusCodeToString(c.code), "\""));
+      }
     }
     if (fetch) {
       // The keys come back to the step for its push.
@@ -674,10 +717,40 @@ class StepPipeline::Impl {
       }
       if (status.ok()) status = FinishLookup(*fetch, responses);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.unique_keys += unique_keys;
-    stats_.bytes_sent += sent;
     return status;
+  }
+
+  // Adds payload bytes of step `s` to the stats, the metrics and the step.
+  void CountBytes(Step& s, uint64_t sent, uint64_t received, uint64_t node_exchange) {
+    s.bytes += sent + received + node_exchange;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_sent += sent;
+      stats_.bytes_received += received;
+      stats_.exchange_bytes += node_exchange;
+    }
+    if (metrics_ == nullptr) return;
+    metrics_->bytes_sent->Add(static_cast<double>(sent));
+    metrics_->bytes_received->Add(static_cast<double>(received));
+    metrics_->bytes_node_exchange->Add(static_cast<double>(node_exchange));
+  }
+
+  // A fetch about to go out (with `push`, if any, applied just before it):
+  // its unique keys, and its staleness, the own earlier steps whose pushes
+  // it will not see.
+  void CountFetch(const Step& fetch, uint64_t unique_keys, const Step* push) {
+    int64_t applied;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.unique_keys += unique_keys;
+      applied = push != nullptr ? push->step : pushed_upto_;
+    }
+    if (metrics_ == nullptr) return;
+    metrics_->unique_keys->Add(static_cast<double>(unique_keys));
+    if (fetch.keys > 0) {
+      metrics_->unique_ratio->Set(static_cast<double>(unique_keys) / static_cast<double>(fetch.keys));
+    }
+    metrics_->staleness->Set(static_cast<double>(std::max<int64_t>(0, fetch.step - 1 - applied)));
   }
 
   Client* const client_;
@@ -709,6 +782,7 @@ class StepPipeline::Impl {
   bool stopping_ = false;
   absl::Status error_;  // the first failure; every later call returns it
   PipelineStats stats_;
+  TrainerMetrics::Pipeline* metrics_ = nullptr;  // series updated lock-free
   std::thread net_;
 };
 

@@ -26,7 +26,7 @@ std::string JsonString(const std::string& s) {
 
 TraceRecorder::TraceRecorder(size_t max_events) : max_events_(max_events), origin_(absl::Now()) {}
 
-void TraceRecorder::Record(uint32_t track, const char* name, absl::Time start, absl::Time end,
+void TraceRecorder::Record(TraceTrack track, const char* name, absl::Time start, absl::Time end,
                            std::string args) {
   Span s{track, name, absl::ToInt64Microseconds(start - origin_),
          std::max<int64_t>(0, absl::ToInt64Microseconds(end - start)), std::move(args)};
@@ -38,9 +38,14 @@ void TraceRecorder::Record(uint32_t track, const char* name, absl::Time start, a
   spans_.push_back(std::move(s));
 }
 
-void TraceRecorder::NameTrack(uint32_t track, std::string name) {
+void TraceRecorder::NameTrack(TraceTrack track, std::string name) {
   std::lock_guard<std::mutex> lock(mu_);
   track_names_.emplace_back(track, std::move(name));
+}
+
+void TraceRecorder::NameProcess(uint32_t process, std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  process_names_.emplace_back(process, std::move(name));
 }
 
 std::string TraceRecorder::ToJson() const {
@@ -51,15 +56,21 @@ std::string TraceRecorder::ToJson() const {
     if (!first) out += ",\n";
     first = false;
   };
+  for (const auto& [process, name] : process_names_) {
+    sep();
+    absl::StrAppend(&out, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":", process,
+                    ",\"args\":{\"name\":", JsonString(name), "}}");
+  }
   for (const auto& [track, name] : track_names_) {
     sep();
-    absl::StrAppend(&out, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":", track,
-                    ",\"args\":{\"name\":", JsonString(name), "}}");
+    absl::StrAppend(&out, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":", track.process,
+                    ",\"tid\":", track.thread, ",\"args\":{\"name\":", JsonString(name), "}}");
   }
   for (const Span& s : spans_) {
     sep();
     absl::StrAppend(&out, "{\"ph\":\"X\",\"cat\":\"ember\",\"name\":", JsonString(s.name),
-                    ",\"pid\":1,\"tid\":", s.track, ",\"ts\":", s.start_us, ",\"dur\":", s.dur_us,
+                    ",\"pid\":", s.track.process, ",\"tid\":", s.track.thread,
+                    ",\"ts\":", s.start_us, ",\"dur\":", s.dur_us,
                     ",\"args\":{", s.args, "}}");
   }
   absl::StrAppend(&out, "],\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":", dropped_,

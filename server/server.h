@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
-#include "server/metrics_http.h"
+#include "common/metrics_http.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 

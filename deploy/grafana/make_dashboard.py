@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Writes deploy/grafana/ember-dashboard.json (Grafana dashboard, schema 36).
+"""Writes deploy/grafana/ember-dashboard.json (Grafana dashboard, schema 36):
+shards (job "ember") and trainers (job "ember-trainer").
 
 The dashboard is generated so that its panels stay uniform; edit the PANELS
 list and run this script. Every metric a panel queries is checked against a
-live shard by tests/server/metrics_integration_test.cc.
+live shard or trainer by tests/server/metrics_integration_test.cc.
 """
 import json
 import os
@@ -42,6 +43,34 @@ PANELS = [
      [("rate(process_cpu_seconds_total{job=\"ember\"}[1m])", "{{instance}}")]),
     ("Shard resident memory", "bytes",
      [("process_resident_memory_bytes{job=\"ember\"}", "{{instance}}")]),
+    # Trainers (TrainerMetrics, scraped as job "ember-trainer").
+    ("Trainer: exposed embedding wait per step (mean, p99)", "s",
+     [("sum by (worker) (rate(ember_trainer_exposed_wait_seconds_sum[1m]))"
+       " / sum by (worker) (rate(ember_trainer_exposed_wait_seconds_count[1m]))",
+       "mean worker {{worker}}"),
+      ("histogram_quantile(0.99, sum by (le) (rate(ember_trainer_exposed_wait_seconds_bucket[5m])))",
+       "p99 all workers")]),
+    ("Trainer: prefetch overlap (share of fetch time hidden)", "percentunit",
+     [("1 - sum by (worker) (rate(ember_trainer_exposed_wait_seconds_sum[5m]))"
+       " / sum by (worker) (rate(ember_trainer_fetch_seconds_sum[5m]))", "worker {{worker}}")]),
+    ("Trainer: steps per second", "ops",
+     [("sum by (worker) (rate(ember_trainer_steps_total[1m]))", "worker {{worker}}")]),
+    ("Trainer: staleness (own steps missing from fetched rows)", "short",
+     [("max by (worker) (ember_trainer_staleness_steps)", "worker {{worker}}"),
+      ("max by (worker) (ember_trainer_staleness_bound_steps)", "bound {{worker}}")]),
+    ("Trainer: unique keys / ids", "percentunit",
+     [("sum by (worker) (rate(ember_trainer_unique_keys_total[5m]))"
+       " / sum by (worker) (rate(ember_trainer_keys_total[5m]))", "worker {{worker}}")]),
+    ("Trainer: bytes per step", "bytes",
+     [("sum by (worker) (rate(ember_trainer_bytes_total[1m]))"
+       " / sum by (worker) (rate(ember_trainer_steps_total[1m]))", "worker {{worker}}")]),
+    ("Trainer: RPC p99 by shard", "s",
+     [("histogram_quantile(0.99, sum by (shard, le) "
+       "(rate(ember_trainer_rpc_duration_seconds_bucket[5m])))", "shard {{shard}}")]),
+    ("Trainer: failed pipelines and RPC errors", "short",
+     [("sum(ember_trainer_pipeline_failed)", "failed pipelines"),
+      ("sum by (shard, code) (rate(ember_trainer_rpc_attempts_total{code!=\"OK\"}[5m]))",
+       "shard {{shard}} {{code}} /s")]),
 ]
 
 
@@ -61,8 +90,8 @@ def panel(i, title, unit, targets):
 
 def main():
     dashboard = {
-        "title": "Ember shards",
-        "uid": "ember-shards",
+        "title": "Ember",
+        "uid": "ember",
         "schemaVersion": 36,
         "version": 1,
         "editable": True,

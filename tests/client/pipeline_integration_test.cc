@@ -510,8 +510,21 @@ TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
     EXPECT_EQ(Count(json, absl::StrCat("\"fetch_step\":", t, ",")), 1u) << t;
     EXPECT_EQ(Count(json, absl::StrCat("\"push_step\":", t, ",")), 1u) << t;
   }
-  EXPECT_EQ(Count(json, "\"name\":\"worker 3 trainer\""), 1u);
-  EXPECT_EQ(Count(json, "\"name\":\"worker 3 network\""), 1u);
+  // One process for the worker (pid 4), with a trainer, a network and a
+  // track per shard; each round trip is one RPC to each of the 2 shards
+  // (pushes go to every shard, and every fetch here has keys on both).
+  EXPECT_EQ(Count(json, "\"name\":\"worker 3\""), 1u);
+  EXPECT_EQ(Count(json, "\"name\":\"trainer\""), 1u);
+  EXPECT_EQ(Count(json, "\"name\":\"network\""), 1u);
+  for (uint32_t sh = 0; sh < 2; ++sh) {
+    EXPECT_EQ(Count(json, "\"name\":\"" + client_->ShardName(sh) + "\""), 1u);
+    EXPECT_EQ(Count(json, absl::StrCat("\"tid\":", 2 + sh, ",")),
+              1 + Count(json, "\"name\":\"Exchange\""))
+        << "shard " << sh << ": its track name and one RPC per round trip";
+  }
+  EXPECT_EQ(Count(json, "\"name\":\"Exchange RPC\""), 2 * Count(json, "\"name\":\"Exchange\""));
+  EXPECT_EQ(Count(json, "\"attempt\":0,\"code\":\"OK\""), Count(json, "\"name\":\"Exchange RPC\""));
+  EXPECT_EQ(Count(json, "\"pid\":4,"), Count(json, "\"ph\":"));
   EXPECT_EQ(trace.dropped(), 0u);
 }
 

@@ -1,7 +1,10 @@
-// The shard's Prometheus endpoint against the real tools: a live shard's
-// /metrics counts its traffic per table, RPC and status code and passes
-// `promtool check metrics`; a real Prometheus (Debian's `prometheus`)
-// scrapes two live shards and its HTTP API returns their series.
+// The Prometheus endpoints against the real tools: a live shard's /metrics
+// counts its traffic per table, RPC and status code; a trainer's pipeline
+// reports its exposed wait, overlap, staleness, unique-key ratio and bytes;
+// both pass `promtool check metrics`; a real Prometheus (Debian's
+// `prometheus`) scrapes two live shards and a trainer, and its HTTP API
+// returns their series; every metric the dashboard and the alert rules name
+// is exported.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -14,6 +17,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/key_hash.h"
+#include "common/status_macros.h"
+#include "ember/client.h"
+#include "ember/step_pipeline.h"
+#include "ember/trainer_metrics.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -83,8 +91,54 @@ class MetricsIntegrationTest : public ::testing::Test {
       shards_.push_back(std::move(*p));
     }
   }
+  // A client of both shards reporting to `metrics`.
+  std::unique_ptr<Client> Connect(TrainerMetrics* metrics, absl::Duration retry_budget) {
+    ClientOptions o;
+    for (const auto& sh : shards_) o.shards.push_back(sh->address());
+    o.metrics = metrics;
+    o.retry_budget = retry_budget;
+    o.max_backoff = absl::Milliseconds(50);
+    auto client = Client::Connect(o);
+    EXPECT_OK(client);
+    return client.ok() ? std::move(*client) : nullptr;
+  }
   std::vector<std::unique_ptr<ServerProcess>> shards_;
 };
+
+// Two features on "clicks": ids {5, 6} and {5, 5, 7}: 5 ids, 3 unique.
+Batch ClicksBatch() {
+  Batch b;
+  b.features.push_back({{0, 1, 2}, {5, 6}, {}});
+  b.features.push_back({{0, 2, 3}, {5, 5, 7}, {}});
+  return b;
+}
+
+PipelineOptions ClicksPipeline(uint32_t worker, int staleness, TrainerMetrics* metrics) {
+  PipelineOptions o;
+  o.worker_id = worker;
+  o.features = {{"user", "clicks", Combiner::kSum}, {"item", "clicks", Combiner::kSum}};
+  o.staleness = staleness;
+  o.metrics = metrics;
+  return o;
+}
+
+// Runs `steps` steps of ClicksBatch. Ahead: all prefetched before the first
+// Wait, and all waited before the first Push (needs steps <= staleness + 1).
+absl::Status TrainClicks(StepPipeline& pipe, int steps, bool ahead = false) {
+  const std::vector<float> grad(2 * 4, 0.5f);  // batch 2 x dim 4
+  if (ahead) {
+    for (int t = 0; t < steps; ++t) EMBER_RETURN_IF_ERROR(pipe.Prefetch(t, ClicksBatch()));
+    for (int t = 0; t < steps; ++t) EMBER_RETURN_IF_ERROR(pipe.Wait(t).status());
+    for (int t = 0; t < steps; ++t) EMBER_RETURN_IF_ERROR(pipe.Push(t, {grad, grad}));
+    return pipe.Flush();
+  }
+  for (int t = 0; t < steps; ++t) {
+    EMBER_RETURN_IF_ERROR(pipe.Prefetch(t, ClicksBatch()));
+    EMBER_RETURN_IF_ERROR(pipe.Wait(t).status());
+    EMBER_RETURN_IF_ERROR(pipe.Push(t, {grad, grad}));
+  }
+  return pipe.Flush();
+}
 
 TEST_F(MetricsIntegrationTest, LiveShardCountsTrafficPerTableRpcAndCodeAndPassesPromtool) {
   auto stub = Stub(*shards_[0]);
@@ -129,18 +183,107 @@ TEST_F(MetricsIntegrationTest, LiveShardCountsTrafficPerTableRpcAndCodeAndPasses
   EXPECT_EQ(rc, 0) << lint;
 }
 
-// Starts Debian's Prometheus scraping both shards every second.
+TEST_F(MetricsIntegrationTest, TrainerExportsWaitOverlapStalenessUniqueRatioAndBytesPerWorker) {
+  TrainerMetrics metrics;
+  std::unique_ptr<Client> client = Connect(&metrics, absl::Seconds(10));
+  ASSERT_NE(client, nullptr);
+  // Staleness 2: steps 0, 1 and 2 are fetched before any push, so the rows
+  // of step 2 lack this worker's own steps 0 and 1.
+  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(5, 2, &metrics));
+  ASSERT_OK(pipe);
+  const absl::Status trained = TrainClicks(**pipe, 3, /*ahead=*/true);
+  ASSERT_OK(trained);
+  auto http = metrics.Serve("127.0.0.1", 0);
+  ASSERT_OK(http);
+  auto text = HttpGet((*http)->port(), "/metrics");
+  ASSERT_OK(text);
+  const std::string& m = *text;
+  const std::string w = "{worker=\"5\"}";
+  EXPECT_EQ(Sample(m, "ember_trainer_steps_total" + w), 3) << m;
+  EXPECT_EQ(Sample(m, "ember_trainer_pushes_total" + w), 3);
+  EXPECT_EQ(Sample(m, "ember_trainer_keys_total" + w), 15);
+  EXPECT_EQ(Sample(m, "ember_trainer_unique_keys_total" + w), 9);
+  EXPECT_DOUBLE_EQ(Sample(m, "ember_trainer_unique_key_ratio" + w), 0.6);
+  EXPECT_EQ(Sample(m, "ember_trainer_staleness_steps" + w), 2);
+  EXPECT_EQ(Sample(m, "ember_trainer_staleness_bound_steps" + w), 2);
+  // Per step: fetch 3 keys (24 B) and 3 rows (48 B), push 3 keys and 3
+  // gradients (72 B).
+  EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"sent\"}"), 3 * (24 + 72));
+  EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"received\"}"), 3 * 48);
+  EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"node_exchange\"}"), 0);
+  EXPECT_EQ(Sample(m, "ember_trainer_step_bytes" + w), 24 + 48 + 72);
+  EXPECT_EQ(Sample(m, "ember_trainer_exposed_wait_seconds_count" + w), 3);
+  EXPECT_EQ(Sample(m, "ember_trainer_fetch_seconds_count" + w), 3);
+  const double overlap = Sample(m, "ember_trainer_prefetch_overlap_ratio" + w);
+  EXPECT_GE(overlap, 0.0);
+  EXPECT_LE(overlap, 1.0);
+  EXPECT_EQ(Sample(m, "ember_trainer_pipeline_failed" + w), 0);
+  // RPC attempts per shard: Connect's GetShardInfo and RegisterWorker on
+  // each; Exchange: 3 pushes to every shard, 3 fetches to the shards owning
+  // keys 5, 6 or 7.
+  std::set<uint32_t> owners;
+  for (uint64_t k : {5, 6, 7}) owners.insert(ShardOf(k, 2));
+  double exchanges = 0;
+  for (int sh = 0; sh < 2; ++sh) {
+    const std::string shard = absl::StrCat("shard=\"", sh, "\"");
+    EXPECT_EQ(Sample(m, "ember_trainer_rpc_attempts_total{" + shard +
+                            ",rpc=\"GetShardInfo\",code=\"OK\"}"), 1) << m;
+    EXPECT_EQ(Sample(m, "ember_trainer_rpc_duration_seconds_count{" + shard +
+                            ",rpc=\"RegisterWorker\"}"), 1);
+    exchanges += Sample(m, "ember_trainer_rpc_attempts_total{" + shard +
+                               ",rpc=\"Exchange\",code=\"OK\"}");
+  }
+  EXPECT_EQ(exchanges, 3 * 2 + 3 * static_cast<double>(owners.size()));
+  EXPECT_GT(Sample(m, "process_resident_memory_bytes"), 1e6);
+
+  std::string lint;
+  const int rc = RunCommand({"promtool", "check", "metrics"}, m, &lint);
+  ASSERT_NE(rc, 127 << 8) << "promtool not found: deploy/install-deps.sh installs prometheus";
+  EXPECT_EQ(rc, 0) << lint;
+  ASSERT_OK((*pipe)->Close());
+}
+
+TEST_F(MetricsIntegrationTest, TrainerMarksAFailedPipelineAndCountsTheShardsErrors) {
+  TrainerMetrics metrics;
+  std::unique_ptr<Client> client = Connect(&metrics, absl::Milliseconds(300));
+  ASSERT_NE(client, nullptr);
+  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(2, -1, &metrics));
+  ASSERT_OK(pipe);
+  ASSERT_OK(TrainClicks(**pipe, 1));
+  for (auto& sh : shards_) ASSERT_OK(sh->Stop(SIGKILL, absl::Seconds(10)));
+  ASSERT_OK((*pipe)->Prefetch(1, ClicksBatch()));
+  EXPECT_EQ((*pipe)->Wait(1).status().code(), absl::StatusCode::kUnavailable);
+  const std::string m = metrics.Expose();
+  EXPECT_EQ(Sample(m, "ember_trainer_pipeline_failed{worker=\"2\"}"), 1) << m;
+  EXPECT_EQ(Sample(m, "ember_trainer_steps_total{worker=\"2\"}"), 1);
+  double unavailable = 0;
+  for (int sh = 0; sh < 2; ++sh) {
+    const double n = Sample(m, absl::StrCat("ember_trainer_rpc_attempts_total{shard=\"", sh,
+                                            "\",rpc=\"Exchange\",code=\"UNAVAILABLE\"}"));
+    if (n > 0) unavailable += n;
+  }
+  EXPECT_GE(unavailable, 2) << "retries are attempts too\n" << m;
+  shards_.clear();  // already stopped
+}
+
+// Starts Debian's Prometheus scraping, every second, the shards (job
+// "ember") and trainers (job "ember-trainer") at the given metrics ports.
 class PrometheusProcess {
  public:
   static absl::StatusOr<std::unique_ptr<PrometheusProcess>> Start(
-      const std::vector<int>& metrics_ports) {
+      const std::vector<int>& shard_ports, const std::vector<int>& trainer_ports) {
     auto p = std::unique_ptr<PrometheusProcess>(new PrometheusProcess());
     const std::string dir = ::testing::TempDir() + "/prometheus_" + std::to_string(getpid());
-    std::string targets;
-    for (int port : metrics_ports) absl::StrAppend(&targets, targets.empty() ? "" : ", ", "'127.0.0.1:", port, "'");
+    auto targets = [](const std::vector<int>& ports) {
+      std::string t;
+      for (int port : ports) absl::StrAppend(&t, t.empty() ? "" : ", ", "'127.0.0.1:", port, "'");
+      return t;
+    };
     std::ofstream(dir + ".yml") << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                                 << "scrape_configs:\n  - job_name: ember\n    static_configs:\n"
-                                << "      - targets: [" << targets << "]\n";
+                                << "      - targets: [" << targets(shard_ports) << "]\n"
+                                << "  - job_name: ember-trainer\n    static_configs:\n"
+                                << "      - targets: [" << targets(trainer_ports) << "]\n";
     // A free port for Prometheus's own web API: bind 0, read, release.
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
@@ -183,28 +326,51 @@ class PrometheusProcess {
   int port_ = 0;
 };
 
-TEST_F(MetricsIntegrationTest, RealPrometheusScrapesBothShards) {
-  auto prom = PrometheusProcess::Start({shards_[0]->metrics_port(), shards_[1]->metrics_port()});
+TEST_F(MetricsIntegrationTest, RealPrometheusScrapesBothShardsAndATrainer) {
+  TrainerMetrics metrics;
+  std::unique_ptr<Client> client = Connect(&metrics, absl::Seconds(10));
+  ASSERT_NE(client, nullptr);
+  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(7, 0, &metrics));
+  ASSERT_OK(pipe);
+  const absl::Status trained = TrainClicks(**pipe, 2);
+  ASSERT_OK(trained);
+  auto trainer = metrics.Serve("127.0.0.1", 0);
+  ASSERT_OK(trainer);
+  auto prom = PrometheusProcess::Start({shards_[0]->metrics_port(), shards_[1]->metrics_port()},
+                                       {(*trainer)->port()});
   ASSERT_OK(prom);
-  // Both targets up and their build info in the TSDB, polled for up to 60 s.
+  // Every target up and their series in the TSDB, polled for up to 60 s.
+  // The queries: count(up{job="ember"}==1), count(ember_build_info),
+  // count(up{job="ember-trainer"}==1), ember_trainer_steps_total.
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"count(up%7Bjob%3D%22ember%22%7D%3D%3D1)", "\"2\"]"},
+      {"count(ember_build_info)", "\"2\"]"},
+      {"count(up%7Bjob%3D%22ember-trainer%22%7D%3D%3D1)", "\"1\"]"},
+      {"ember_trainer_steps_total", "\"2\"]"}};
   std::string last;
   bool up = false;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline && !up) {
     absl::SleepFor(absl::Milliseconds(500));
-    auto r = HttpGet((*prom)->port(), "/api/v1/query?query=count(up%7Bjob%3D%22ember%22%7D%3D%3D1)");
-    auto b = HttpGet((*prom)->port(), "/api/v1/query?query=count(ember_build_info)");
-    if (!r.ok() || !b.ok()) {
-      last = r.ok() ? b.status().ToString() : r.status().ToString();
-      continue;
+    up = true;
+    for (const auto& [query, value] : expected) {
+      auto r = HttpGet((*prom)->port(), "/api/v1/query?query=" + query);
+      last = r.ok() ? *r : r.status().ToString();
+      if (!r.ok() || r->find(value) == std::string::npos) {
+        up = false;
+        break;
+      }
     }
-    last = *r + " / " + *b;
-    up = r->find("\"2\"]") != std::string::npos && b->find("\"2\"]") != std::string::npos;
   }
-  EXPECT_TRUE(up) << "Prometheus did not report both shards up within 60 s; last answer: " << last;
+  EXPECT_TRUE(up) << "Prometheus did not report both shards and the trainer within 60 s; last "
+                     "answer: " << last;
   auto rows = HttpGet((*prom)->port(), "/api/v1/query?query=ember_table_capacity_rows");
   ASSERT_OK(rows);
   EXPECT_NE(rows->find("\"table\":\"clicks\""), std::string::npos) << *rows;
+  auto wait = HttpGet((*prom)->port(), "/api/v1/query?query=ember_trainer_exposed_wait_seconds_count");
+  ASSERT_OK(wait);
+  EXPECT_NE(wait->find("\"worker\":\"7\""), std::string::npos) << *wait;
+  ASSERT_OK((*pipe)->Close());
 }
 
 // The metric names an expression file uses: ember_* and process_* words,
@@ -228,9 +394,18 @@ std::set<std::string> MetricNames(const std::string& path) {
   return names;
 }
 
-TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALiveShard) {
-  auto text = HttpGet(shards_[0]->metrics_port(), "/metrics");
-  ASSERT_OK(text);
+TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALiveShardOrTrainer) {
+  auto shard = HttpGet(shards_[0]->metrics_port(), "/metrics");
+  ASSERT_OK(shard);
+  TrainerMetrics metrics;
+  std::unique_ptr<Client> client = Connect(&metrics, absl::Seconds(10));
+  ASSERT_NE(client, nullptr);
+  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(1, 0, &metrics));
+  ASSERT_OK(pipe);
+  ASSERT_OK(TrainClicks(**pipe, 1));
+  ASSERT_OK((*pipe)->Close());
+  // Shard metrics must come from the shard, trainer metrics from the trainer.
+  const std::string trainer = metrics.Expose();
   const std::string rules = std::string(EMBER_SOURCE_DIR) + "/deploy/prometheus/ember-alerts.yml";
   const std::string dashboard =
       std::string(EMBER_SOURCE_DIR) + "/deploy/grafana/ember-dashboard.json";
@@ -238,8 +413,10 @@ TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALi
     const std::set<std::string> names = MetricNames(file);
     EXPECT_GE(names.size(), 5u) << file;
     for (const std::string& name : names) {
-      EXPECT_NE(text->find("# TYPE " + name + " "), std::string::npos)
-          << file << " uses " << name << ", which a live shard does not export";
+      const bool of_trainer = name.rfind("ember_trainer_", 0) == 0;
+      EXPECT_NE((of_trainer ? trainer : *shard).find("# TYPE " + name + " "), std::string::npos)
+          << file << " uses " << name << ", which a live " << (of_trainer ? "trainer" : "shard")
+          << " does not export";
     }
   }
   std::string lint;

@@ -25,6 +25,8 @@
 
 namespace ember {
 
+class TrainerMetrics;
+
 struct ClientOptions {
   // "host:port" of every shard, in shard-index order.
   std::vector<std::string> shards;
@@ -37,6 +39,9 @@ struct ClientOptions {
   absl::Duration retry_budget = absl::Seconds(30);
   absl::Duration initial_backoff = absl::Milliseconds(10);
   absl::Duration max_backoff = absl::Seconds(1);
+  // Not owned; outlives the Client. Every RPC attempt is recorded there
+  // (ember_trainer_rpc_duration_seconds and _attempts_total per shard).
+  TrainerMetrics* metrics = nullptr;
 
   absl::Status Validate() const;
 };
@@ -46,6 +51,15 @@ struct ClientStats {
   uint64_t rpcs = 0;        // attempts started
   uint64_t retries = 0;     // attempts that were retries after UNAVAILABLE
   uint64_t failures = 0;    // calls that returned an error to the caller
+};
+
+// One RPC attempt to one shard, as Exchange reports it (for timelines).
+struct ShardCall {
+  uint32_t shard = 0;
+  int attempt = 0;  // 0: the first; k > 0: the k-th retry after UNAVAILABLE
+  absl::Time start;
+  absl::Time end;
+  absl::StatusCode code = absl::StatusCode::kOk;
 };
 
 class Client {
@@ -79,8 +93,10 @@ class Client {
                     std::vector<v1::PushResponse>* responses);
   // requests[i] is sent to shard i, all in parallel; a shard whose request
   // has neither a push nor a lookup is skipped. See EmbeddingService.Exchange.
+  // `calls`, if given, gets every attempt appended (retries included).
   absl::Status Exchange(absl::Span<const v1::ExchangeRequest> requests,
-                        std::vector<v1::ExchangeResponse>* responses);
+                        std::vector<v1::ExchangeResponse>* responses,
+                        std::vector<ShardCall>* calls = nullptr);
   // On every shard.
   absl::Status RegisterWorker(uint32_t worker_id, int64_t first_step);
   absl::Status UnregisterWorker(uint32_t worker_id);

@@ -53,6 +53,7 @@
 #include "ember/device.h"
 #include "ember/node_exchange.h"
 #include "ember/trace.h"
+#include "ember/trainer_metrics.h"
 
 namespace ember {
 
@@ -84,10 +85,14 @@ struct PipelineOptions {
   // order; each is its own SSP worker. A failure on one rank stops the others
   // when their transport times out. Null: no exchange. Not owned.
   ExchangeTransport* node_transport = nullptr;
-  // Records this pipeline's timeline (Prefetch, Wait, Push, Exchange, Pool)
-  // for Perfetto / chrome://tracing; see ember/trace.h. Not owned; may be
-  // shared by pipelines. Null: no timeline.
+  // Records this pipeline's timeline (Prefetch, Wait, Push, Exchange, Pool,
+  // per-shard RPCs) for Perfetto / chrome://tracing, as process "worker N"
+  // (pid worker_id + 1); see ember/trace.h. Not owned; may be shared by
+  // pipelines. Null: no timeline.
   TraceRecorder* trace = nullptr;
+  // Prometheus series of this pipeline, labelled worker="worker_id"; see
+  // ember/trainer_metrics.h. Not owned; may be shared. Null: none.
+  TrainerMetrics* metrics = nullptr;
 };
 
 // The rows of one step, valid until Push(step) is called for it.

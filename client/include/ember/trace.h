@@ -1,11 +1,12 @@
 // ember::TraceRecorder: a timeline of a trainer's step pipelines in the
 // Chrome trace-event JSON format, which Perfetto (ui.perfetto.dev) and
 // chrome://tracing open. Give one recorder to PipelineOptions::trace; every
-// pipeline using it adds its spans:
-//   trainer thread   Prefetch, Wait (the exposed embedding wait), Push
-//   network thread   Exchange (one round trip to every shard, with the
+// pipeline using it adds its spans under a process "worker N":
+//   trainer          Prefetch, Wait (the exposed embedding wait), Push
+//   network          Exchange (one round trip to every shard, with the
 //                    pushed and fetched steps), Pool (pooling on the host)
-// Each pipeline gets two tracks named "worker N trainer" / "worker N network".
+//   shard K          Exchange RPC attempts to shard K (retries included),
+//                    with their status code
 //
 // Thread safety: Record and WriteJson may be called from any thread.
 // Memory: at most max_events spans are kept; later ones are counted as
@@ -22,16 +23,25 @@
 
 namespace ember {
 
+// Where a span is drawn: a process (a group of tracks) and a thread (one
+// track) in the trace-event format. Spans on one track must nest.
+struct TraceTrack {
+  uint32_t process = 1;
+  uint32_t thread = 0;
+};
+
 class TraceRecorder {
  public:
   explicit TraceRecorder(size_t max_events = 1 << 20);
 
-  // A span of `track` from `start` to `end`; `args` is a JSON object's
-  // members without braces (e.g. "\"step\":3"), may be empty.
-  void Record(uint32_t track, const char* name, absl::Time start, absl::Time end,
+  // A span of `track` from `start` to `end`. `name` must outlive the
+  // recorder (a string literal). `args` is a JSON object's members without
+  // braces (e.g. "\"step\":3"), may be empty.
+  void Record(TraceTrack track, const char* name, absl::Time start, absl::Time end,
               std::string args = "");
-  // Names a track (shown as a thread name).
-  void NameTrack(uint32_t track, std::string name);
+  // Names a track (shown as a thread name) or a process (a group of tracks).
+  void NameTrack(TraceTrack track, std::string name);
+  void NameProcess(uint32_t process, std::string name);
 
   // The trace as JSON: {"traceEvents":[...], "displayTimeUnit":"ms", ...}.
   std::string ToJson() const;
@@ -43,7 +53,7 @@ class TraceRecorder {
 
  private:
   struct Span {
-    uint32_t track;
+    TraceTrack track;
     const char* name;
     int64_t start_us;
     int64_t dur_us;
@@ -53,7 +63,8 @@ class TraceRecorder {
   const absl::Time origin_;
   mutable std::mutex mu_;
   std::vector<Span> spans_;
-  std::vector<std::pair<uint32_t, std::string>> track_names_;
+  std::vector<std::pair<TraceTrack, std::string>> track_names_;
+  std::vector<std::pair<uint32_t, std::string>> process_names_;
   uint64_t dropped_ = 0;
 };
 

@@ -1,4 +1,4 @@
-#include "server/metrics_http.h"
+#include "common/metrics_http.h"
 
 #include <CivetServer.h>
 

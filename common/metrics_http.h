@@ -19,7 +19,8 @@ class MetricsHttpServer {
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address,
                                                                    int port,
                                                                    metrics::Registry* registry);
-  ~MetricsHttpServer();  // stops serving
+  // Stops serving; takes up to 2 s (civetweb's accept loop polls that long).
+  ~MetricsHttpServer();
 
   int port() const { return port_; }
 
