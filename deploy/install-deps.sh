@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Ember builds, tests and runs with.
 # Idempotent: only missing packages are installed. Needs root (or sudo).
-# The container images install the same list.
+#   deploy/install-deps.sh          # everything: build, tests, tools
+#   deploy/install-deps.sh build    # only what building needs (image build stage)
+# The images' run-time libraries are in deploy/docker/runtime-packages.txt.
 set -euo pipefail
 
-PACKAGES=(
+BUILD_PACKAGES=(
   build-essential cmake pkgconf git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
-  redis-server libhiredis-dev libjemalloc-dev
-  libcivetweb-dev prometheus
+  libabsl-dev libspdlog-dev libcivetweb-dev libjemalloc-dev
 )
+# Tests and tools: GoogleTest; Redis for the peer comparison; promtool and
+# Prometheus for the metrics tests; yamllint and kubectl for the manifests.
+TEST_PACKAGES=(
+  libgtest-dev libgmock-dev
+  redis-server libhiredis-dev
+  prometheus yamllint
+)
+
+PACKAGES=("${BUILD_PACKAGES[@]}")
+if [ "${1:-all}" = "all" ]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+  # Debian's kubectl (kubernetes-client) unless one is installed already: a
+  # kubectl from another repository owns the same path.
+  command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
+elif [ "$1" != "build" ]; then
+  echo "install-deps: expected 'all' or 'build', received '$1'" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

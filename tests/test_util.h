@@ -2,11 +2,15 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
 
@@ -38,6 +42,23 @@ inline absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
 }
 inline absl::Span<uint8_t> MutableBytes(std::vector<float>& v) {
   return {reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(float)};
+}
+
+// Runs `args` (each single-quoted, so no quotes inside) through the shell,
+// stdin fed from `input`; returns the wait status and puts stdout and stderr
+// in `output`.
+inline int RunCommand(const std::vector<std::string>& args, const std::string& input,
+                      std::string* output) {
+  const std::string in_path = ::testing::TempDir() + "/run_input.txt";
+  const std::string out_path = ::testing::TempDir() + "/run_output.txt";
+  std::ofstream(in_path) << input;
+  std::string cmd;
+  for (const auto& a : args) absl::StrAppend(&cmd, "'", a, "' ");
+  absl::StrAppend(&cmd, "< '", in_path, "' > '", out_path, "' 2>&1");
+  const int rc = std::system(cmd.c_str());
+  std::ifstream out(out_path);
+  output->assign(std::istreambuf_iterator<char>(out), {});
+  return rc;
 }
 
 }  // namespace ember::testing

@@ -43,21 +43,6 @@ double Sample(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 2));
 }
 
-// Runs `args` through the shell, stdin fed from `input`; returns the wait
-// status and puts stdout and stderr in `output`.
-int RunCommand(const std::vector<std::string>& args, const std::string& input, std::string* output) {
-  const std::string in_path = ::testing::TempDir() + "/run_input.txt";
-  const std::string out_path = ::testing::TempDir() + "/run_output.txt";
-  std::ofstream(in_path) << input;
-  std::string cmd;
-  for (const auto& a : args) absl::StrAppend(&cmd, "'", a, "' ");
-  absl::StrAppend(&cmd, "< '", in_path, "' > '", out_path, "' 2>&1");
-  const int rc = std::system(cmd.c_str());
-  std::ifstream out(out_path);
-  output->assign(std::istreambuf_iterator<char>(out), {});
-  return rc;
-}
-
 std::unique_ptr<v1::EmbeddingService::Stub> Stub(const ServerProcess& p) {
   return v1::EmbeddingService::NewStub(
       grpc::CreateChannel(p.address(), grpc::InsecureChannelCredentials()));

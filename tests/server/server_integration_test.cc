@@ -15,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kernels/store_factory.h"
+#include "server/health_check.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -101,31 +102,20 @@ class ServerIntegrationTest : public ::testing::TestWithParam<std::string> {
 std::string* ServerIntegrationTest::config_path_ = nullptr;
 
 TEST_P(ServerIntegrationTest, HealthServiceReportsServing) {
-  // No health stub is generated here: call the method generically with an
-  // empty HealthCheckRequest (the whole server).
-  grpc::GenericStub stub(channel_);
-  grpc::CompletionQueue cq;
-  grpc::ByteBuffer request, response;
-  grpc::Slice empty;
-  request = grpc::ByteBuffer(&empty, 1);
-  auto ctx = Context();
-  auto call = stub.PrepareUnaryCall(ctx.get(), "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  grpc::Status s;
-  call->Finish(&response, &s, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  EXPECT_TRUE(ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+  EXPECT_OK(CheckHealth(server_->address(), absl::Seconds(10)));
+}
+
+TEST_P(ServerIntegrationTest, HealthcheckToolExitsZeroWhenServingAndOneNamingTheAddressWhenDown) {
+  std::string out;
+  EXPECT_EQ(RunCommand({EMBER_HEALTHCHECK_BIN, "--address=" + server_->address()}, "", &out), 0)
+      << out;
+  EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+  ASSERT_OK(server_->Stop(SIGTERM, absl::Seconds(20)));
+  const int rc = RunCommand({EMBER_HEALTHCHECK_BIN, "--address=" + server_->address(),
+                             "--timeout=500ms"}, "", &out);
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << out;
+  EXPECT_NE(out.find(server_->address()), std::string::npos) << out;
 }
 
 TEST_P(ServerIntegrationTest, ReflectionListsTheEmberServices) {

@@ -1,0 +1,68 @@
+#include "server/health_check.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ember {
+namespace {
+
+// HealthCheckResponse.status values (grpc/health/v1/health.proto).
+const char* ServingStatusName(int v) {
+  switch (v) {
+    case 0: return "UNKNOWN";
+    case 1: return "SERVING";
+    case 2: return "NOT_SERVING";
+    case 3: return "SERVICE_UNKNOWN";
+    default: return "an unknown status";
+  }
+}
+
+}  // namespace
+
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::CompletionQueue cq;
+  grpc::Slice empty;  // HealthCheckRequest{service: ""} encodes to no bytes
+  grpc::ByteBuffer request(&empty, 1), response;
+  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat(address, " health check: ", status.error_message()));
+  }
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  // Field 1 (status), varint: 0x08 then the value; absent means UNKNOWN (0).
+  int value = 0;
+  if (bytes.size() == 2 && bytes[0] == 0x08) {
+    value = static_cast<unsigned char>(bytes[1]);
+  } else if (!bytes.empty()) {
+    return absl::UnavailableError(absl::StrCat(address, " health check: expected a "
+                                               "HealthCheckResponse, received ", bytes.size(),
+                                               " bytes that are not one"));
+  }
+  if (value != 1) {
+    return absl::UnavailableError(absl::StrCat(address, " health check: expected SERVING, received ",
+                                               ServingStatusName(value)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember
