@@ -13,6 +13,7 @@ SHARD_PIDS=()
 REDIS_PIDS=()
 SHARD_ADDRESSES=""
 SHARD_METRICS_PORTS=""
+CLUSTER_PIDS=""
 REDIS_ADDRESSES=""
 
 _cluster_cleanup() {
@@ -23,30 +24,36 @@ _cluster_cleanup() {
 trap _cluster_cleanup EXIT
 
 # start_shards N [extra ember-server flags...]; $EMBER_SERVER_BIN overrides the binary.
+# May be called again for a second cluster; SHARD_ADDRESSES,
+# SHARD_METRICS_PORTS and CLUSTER_PIDS describe the latest one.
 start_shards() {
   local n="$1"
   shift
-  local addresses=() metrics=() i port
+  local addresses=() metrics=() pids=() i port first="${#SHARD_PIDS[@]}" k
   for ((i = 0; i < n; i++)); do
+    k=$((first + i))
     "${EMBER_SERVER_BIN:-${EMBER_BUILD_DIR:-build}/server/ember-server}" --address=127.0.0.1 --port=0 --shard_index="$i" \
-      --shard_count="$n" "$@" >"$CLUSTER_DIR/shard$i.out" 2>"$CLUSTER_DIR/shard$i.log" &
+      --shard_count="$n" "$@" >"$CLUSTER_DIR/shard$k.out" 2>"$CLUSTER_DIR/shard$k.log" &
     SHARD_PIDS+=($!)
+    pids+=($!)
   done
   for ((i = 0; i < n; i++)); do
+    k=$((first + i))
     port=""
     for _ in $(seq 1 200); do
-      port="$(sed -n 's/^EMBER_READY port=\([0-9]*\).*$/\1/p' "$CLUSTER_DIR/shard$i.out")"
+      port="$(sed -n 's/^EMBER_READY port=\([0-9]*\).*$/\1/p' "$CLUSTER_DIR/shard$k.out")"
       [ -n "$port" ] && break
-      kill -0 "${SHARD_PIDS[$i]}" 2>/dev/null || { cat "$CLUSTER_DIR/shard$i.log" >&2; return 1; }
+      kill -0 "${SHARD_PIDS[$k]}" 2>/dev/null || { cat "$CLUSTER_DIR/shard$k.log" >&2; return 1; }
       sleep 0.05
     done
     [ -n "$port" ] || { echo "shard $i did not start" >&2; return 1; }
     addresses+=("127.0.0.1:$port")
-    metrics+=("$(sed -n 's/^EMBER_READY .*metrics_port=\(-\?[0-9]*\).*$/\1/p' "$CLUSTER_DIR/shard$i.out")")
+    metrics+=("$(sed -n 's/^EMBER_READY .*metrics_port=\(-\?[0-9]*\).*$/\1/p' "$CLUSTER_DIR/shard$k.out")")
     echo "shard $i of $n serving on 127.0.0.1:$port"
   done
   SHARD_ADDRESSES="$(IFS=,; echo "${addresses[*]}")"
   SHARD_METRICS_PORTS="$(IFS=,; echo "${metrics[*]}")"
+  CLUSTER_PIDS="${pids[*]}"
 }
 
 # A TCP port on 127.0.0.1 that nothing listens on now.

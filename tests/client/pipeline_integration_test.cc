@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "ember/client.h"
 #include "ember/step_pipeline.h"
+#include "ember/trainer_metrics.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
@@ -476,14 +477,18 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// With metrics too, so that the sanitizer builds run the pipeline's
+// metric updates (the exact values are checked in metrics_integration_test).
 TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
   StartShards(2);
   TraceRecorder trace;
+  TrainerMetrics metrics;
   PipelineOptions o;
   o.worker_id = 3;
   o.features = kFeatures;
   o.staleness = 1;
   o.trace = &trace;
+  o.metrics = &metrics;
   auto pipe = StepPipeline::Create(client_.get(), o);
   ASSERT_OK(pipe);
   constexpr int64_t kSteps = 12;
@@ -526,6 +531,12 @@ TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
   EXPECT_EQ(Count(json, "\"attempt\":0,\"code\":\"OK\""), Count(json, "\"name\":\"Exchange RPC\""));
   EXPECT_EQ(Count(json, "\"pid\":4,"), Count(json, "\"ph\":"));
   EXPECT_EQ(trace.dropped(), 0u);
+  const TrainerMetrics::Pipeline& m = metrics.ForWorker(3);
+  EXPECT_EQ(m.steps->Value(), kSteps);
+  EXPECT_EQ(m.pushes->Value(), kSteps);
+  EXPECT_EQ(m.exposed_wait->Snap().count, uint64_t{kSteps});
+  EXPECT_EQ(m.keys->Value(), static_cast<double>((*pipe)->Stats().keys));
+  EXPECT_EQ(m.failed->Value(), 0);
 }
 
 // ---- The node exchange (PipelineOptions::node_transport).

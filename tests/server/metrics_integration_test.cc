@@ -408,5 +408,18 @@ TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALi
   EXPECT_EQ(RunCommand({"promtool", "check", "rules", rules}, "", &lint), 0) << lint;
 }
 
+// deploy/prometheus/ember-alerts.test.yml: every alert fires on series that
+// break its rule (after its `for`) and stays quiet on healthy ones.
+TEST(AlertRulesTest, EveryAlertFiresOnBrokenSeriesAndStaysQuietOnHealthyOnes) {
+  std::string out;
+  const int rc = RunCommand(
+      {"promtool", "test", "rules",
+       std::string(EMBER_SOURCE_DIR) + "/deploy/prometheus/ember-alerts.test.yml"},
+      "", &out);
+  ASSERT_NE(rc, 127 << 8) << "promtool not found: deploy/install-deps.sh installs prometheus";
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("SUCCESS"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace ember::testing
