@@ -36,7 +36,8 @@ def env_of(container):
 
 def check_shards(docs, label):
     k = by_kind(docs)
-    for kind in ["StatefulSet", "Service", "PodDisruptionBudget", "ServiceMonitor", "ConfigMap"]:
+    for kind in ["StatefulSet", "Service", "PodDisruptionBudget", "ServiceMonitor", "ConfigMap",
+                 "PrometheusRule"]:
         check(len(k.get(kind, [])) == 1, f"{label}: exactly one {kind}")
     sts, svc, pdb, mon = (k["StatefulSet"][0], k["Service"][0], k["PodDisruptionBudget"][0],
                           k["ServiceMonitor"][0])
@@ -94,6 +95,11 @@ def check_shards(docs, label):
           f"{label}: the ServiceMonitor selects the Service")
     check([e["port"] for e in mon["spec"]["endpoints"]] == ["metrics"],
           f"{label}: the ServiceMonitor scrapes the metrics port")
+    # The alert rules: the same groups as deploy/prometheus/ember-alerts.yml.
+    alerts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy",
+                          "prometheus", "ember-alerts.yml")
+    check(k["PrometheusRule"][0]["spec"]["groups"] == yaml.safe_load(open(alerts))["groups"],
+          f"{label}: the PrometheusRule holds the rules of ember-alerts.yml")
     return c, pod
 
 

@@ -2,11 +2,13 @@
 # The Kubernetes manifests: `kubectl kustomize` renders the base and the GPU
 # overlay, yamllint accepts deploy/ and the rendered output, and
 # check_deploy.py checks what the parts must agree on (shard count and
-# replicas, probes, claim, PDB, ServiceMonitor, GPU resources). A broken
-# overlay (replicas without EMBER_SHARD_COUNT) must be caught.
+# replicas, probes, claim, PDB, ServiceMonitor, alert rules, GPU resources);
+# the PrometheusRule is the generated copy of the alert rules and promtool
+# accepts it. A broken overlay (replicas without EMBER_SHARD_COUNT) must be
+# caught.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-for tool in kubectl yamllint /usr/bin/python3; do
+for tool in kubectl yamllint promtool /usr/bin/python3; do
   command -v "$tool" >/dev/null || { echo "$tool not found: bash deploy/install-deps.sh installs it" >&2; exit 1; }
 done
 out="$(mktemp -d)"
@@ -19,6 +21,14 @@ echo "rendered: base $(grep -c '^kind:' "$out/base.yaml") objects, gpu $(grep -c
 yamllint -c deploy/.yamllint deploy/ "$out/base.yaml" "$out/gpu.yaml"
 echo "yamllint: deploy/ and the rendered manifests are clean"
 /usr/bin/python3 tests/deploy/check_deploy.py manifests "$out/base.yaml" "$out/gpu.yaml"
+/usr/bin/python3 deploy/prometheus/make_prometheus_rule.py --check
+# The rendered PrometheusRule's groups pass promtool as a rules file.
+/usr/bin/python3 -c '
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "PrometheusRule"]
+yaml.safe_dump({"groups": docs[0]["spec"]["groups"]}, open(sys.argv[2], "w"))' \
+  "$out/base.yaml" "$out/rules.yml"
+promtool check rules "$out/rules.yml"
 
 # The checker itself: scaling to 3 replicas without EMBER_SHARD_COUNT fails.
 # (kustomize takes no absolute base path: the overlay goes beside a copy.)
