@@ -76,18 +76,15 @@ class MetricsIntegrationTest : public ::testing::Test {
       shards_.push_back(std::move(*p));
     }
   }
-  // A client of both shards reporting to `metrics`.
-  std::unique_ptr<Client> Connect(TrainerMetrics* metrics, absl::Duration retry_budget) {
-    ClientOptions o;
-    for (const auto& sh : shards_) o.shards.push_back(sh->address());
-    o.metrics = metrics;
-    o.retry_budget = retry_budget;
-    o.max_backoff = absl::Milliseconds(50);
-    auto client = Client::Connect(o);
-    EXPECT_OK(client);
-    return client.ok() ? std::move(*client) : nullptr;
-  }
   std::vector<std::unique_ptr<ServerProcess>> shards_;
+};
+
+// A trainer process's parts: its metrics, a client of the shards and one
+// pipeline, both reporting to the metrics.
+struct Trainer {
+  TrainerMetrics metrics;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<StepPipeline> pipe;
 };
 
 // Two features on "clicks": ids {5, 6} and {5, 5, 7}: 5 ids, 3 unique.
@@ -98,13 +95,34 @@ Batch ClicksBatch() {
   return b;
 }
 
-PipelineOptions ClicksPipeline(uint32_t worker, int staleness, TrainerMetrics* metrics) {
+// Connects `t` to `shards` and creates its pipeline: worker `worker` with
+// SSP staleness `staleness`, features "user" and "item" on "clicks".
+absl::Status StartTrainer(const std::vector<std::unique_ptr<ServerProcess>>& shards,
+                          uint32_t worker, int staleness, Trainer* t,
+                          absl::Duration retry_budget = absl::Seconds(10)) {
+  ClientOptions c;
+  for (const auto& sh : shards) c.shards.push_back(sh->address());
+  c.metrics = &t->metrics;
+  c.retry_budget = retry_budget;
+  c.max_backoff = absl::Milliseconds(50);
+  EMBER_ASSIGN_OR_RETURN(t->client, Client::Connect(c));
   PipelineOptions o;
   o.worker_id = worker;
   o.features = {{"user", "clicks", Combiner::kSum}, {"item", "clicks", Combiner::kSum}};
   o.staleness = staleness;
-  o.metrics = metrics;
-  return o;
+  o.metrics = &t->metrics;
+  EMBER_ASSIGN_OR_RETURN(t->pipe, StepPipeline::Create(t->client.get(), o));
+  return absl::OkStatus();
+}
+
+// Runs promtool with `args` on `input`; expects it to accept. Returns its output.
+std::string ExpectPromtoolAccepts(std::vector<std::string> args, const std::string& input = "") {
+  args.insert(args.begin(), "promtool");
+  std::string out;
+  const int rc = RunCommand(args, input, &out);
+  EXPECT_NE(rc, 127 << 8) << "promtool not found: deploy/install-deps.sh installs prometheus";
+  EXPECT_EQ(rc, 0) << out;
+  return out;
 }
 
 // Runs `steps` steps of ClicksBatch. Ahead: all prefetched before the first
@@ -161,24 +179,18 @@ TEST_F(MetricsIntegrationTest, LiveShardCountsTrafficPerTableRpcAndCodeAndPasses
   EXPECT_EQ(Sample(m, "ember_rpc_duration_seconds_count{rpc=\"Lookup\"}"), 3);
   EXPECT_GT(Sample(m, "process_resident_memory_bytes"), 1e6);
   EXPECT_EQ(Sample(m, "ember_build_info{version=\"0.1.0\",device=\"cpu\",shard=\"0/2\"}"), 1);
-
-  std::string lint;
-  const int rc = RunCommand({"promtool", "check", "metrics"}, m, &lint);
-  ASSERT_NE(rc, 127 << 8) << "promtool not found: deploy/install-deps.sh installs prometheus";
-  EXPECT_EQ(rc, 0) << lint;
+  ExpectPromtoolAccepts({"check", "metrics"}, m);
 }
 
 TEST_F(MetricsIntegrationTest, TrainerExportsWaitOverlapStalenessUniqueRatioAndBytesPerWorker) {
-  TrainerMetrics metrics;
-  std::unique_ptr<Client> client = Connect(&metrics, absl::Seconds(10));
-  ASSERT_NE(client, nullptr);
   // Staleness 2: steps 0, 1 and 2 are fetched before any push, so the rows
   // of step 2 lack this worker's own steps 0 and 1.
-  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(5, 2, &metrics));
-  ASSERT_OK(pipe);
-  const absl::Status trained = TrainClicks(**pipe, 3, /*ahead=*/true);
+  Trainer t;
+  const absl::Status started = StartTrainer(shards_, 5, 2, &t);
+  ASSERT_OK(started);
+  const absl::Status trained = TrainClicks(*t.pipe, 3, /*ahead=*/true);
   ASSERT_OK(trained);
-  auto http = metrics.Serve("127.0.0.1", 0);
+  auto http = t.metrics.Serve("127.0.0.1", 0);
   ASSERT_OK(http);
   auto text = HttpGet((*http)->port(), "/metrics");
   ASSERT_OK(text);
@@ -220,25 +232,20 @@ TEST_F(MetricsIntegrationTest, TrainerExportsWaitOverlapStalenessUniqueRatioAndB
   }
   EXPECT_EQ(exchanges, 3 * 2 + 3 * static_cast<double>(owners.size()));
   EXPECT_GT(Sample(m, "process_resident_memory_bytes"), 1e6);
-
-  std::string lint;
-  const int rc = RunCommand({"promtool", "check", "metrics"}, m, &lint);
-  ASSERT_NE(rc, 127 << 8) << "promtool not found: deploy/install-deps.sh installs prometheus";
-  EXPECT_EQ(rc, 0) << lint;
-  ASSERT_OK((*pipe)->Close());
+  ExpectPromtoolAccepts({"check", "metrics"}, m);
+  ASSERT_OK(t.pipe->Close());
 }
 
 TEST_F(MetricsIntegrationTest, TrainerMarksAFailedPipelineAndCountsTheShardsErrors) {
-  TrainerMetrics metrics;
-  std::unique_ptr<Client> client = Connect(&metrics, absl::Milliseconds(300));
-  ASSERT_NE(client, nullptr);
-  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(2, -1, &metrics));
-  ASSERT_OK(pipe);
-  ASSERT_OK(TrainClicks(**pipe, 1));
+  Trainer t;
+  const absl::Status started = StartTrainer(shards_, 2, -1, &t, absl::Milliseconds(300));
+  ASSERT_OK(started);
+  const absl::Status trained = TrainClicks(*t.pipe, 1);
+  ASSERT_OK(trained);
   for (auto& sh : shards_) ASSERT_OK(sh->Stop(SIGKILL, absl::Seconds(10)));
-  ASSERT_OK((*pipe)->Prefetch(1, ClicksBatch()));
-  EXPECT_EQ((*pipe)->Wait(1).status().code(), absl::StatusCode::kUnavailable);
-  const std::string m = metrics.Expose();
+  ASSERT_OK(t.pipe->Prefetch(1, ClicksBatch()));
+  EXPECT_EQ(t.pipe->Wait(1).status().code(), absl::StatusCode::kUnavailable);
+  const std::string m = t.metrics.Expose();
   EXPECT_EQ(Sample(m, "ember_trainer_pipeline_failed{worker=\"2\"}"), 1) << m;
   EXPECT_EQ(Sample(m, "ember_trainer_steps_total{worker=\"2\"}"), 1);
   double unavailable = 0;
@@ -312,14 +319,12 @@ class PrometheusProcess {
 };
 
 TEST_F(MetricsIntegrationTest, RealPrometheusScrapesBothShardsAndATrainer) {
-  TrainerMetrics metrics;
-  std::unique_ptr<Client> client = Connect(&metrics, absl::Seconds(10));
-  ASSERT_NE(client, nullptr);
-  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(7, 0, &metrics));
-  ASSERT_OK(pipe);
-  const absl::Status trained = TrainClicks(**pipe, 2);
+  Trainer t;
+  const absl::Status started = StartTrainer(shards_, 7, 0, &t);
+  ASSERT_OK(started);
+  const absl::Status trained = TrainClicks(*t.pipe, 2);
   ASSERT_OK(trained);
-  auto trainer = metrics.Serve("127.0.0.1", 0);
+  auto trainer = t.metrics.Serve("127.0.0.1", 0);
   ASSERT_OK(trainer);
   auto prom = PrometheusProcess::Start({shards_[0]->metrics_port(), shards_[1]->metrics_port()},
                                        {(*trainer)->port()});
@@ -355,7 +360,7 @@ TEST_F(MetricsIntegrationTest, RealPrometheusScrapesBothShardsAndATrainer) {
   auto wait = HttpGet((*prom)->port(), "/api/v1/query?query=ember_trainer_exposed_wait_seconds_count");
   ASSERT_OK(wait);
   EXPECT_NE(wait->find("\"worker\":\"7\""), std::string::npos) << *wait;
-  ASSERT_OK((*pipe)->Close());
+  ASSERT_OK(t.pipe->Close());
 }
 
 // The metric names an expression file uses: ember_* and process_* words,
@@ -382,15 +387,14 @@ std::set<std::string> MetricNames(const std::string& path) {
 TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALiveShardOrTrainer) {
   auto shard = HttpGet(shards_[0]->metrics_port(), "/metrics");
   ASSERT_OK(shard);
-  TrainerMetrics metrics;
-  std::unique_ptr<Client> client = Connect(&metrics, absl::Seconds(10));
-  ASSERT_NE(client, nullptr);
-  auto pipe = StepPipeline::Create(client.get(), ClicksPipeline(1, 0, &metrics));
-  ASSERT_OK(pipe);
-  ASSERT_OK(TrainClicks(**pipe, 1));
-  ASSERT_OK((*pipe)->Close());
+  Trainer t;
+  const absl::Status started = StartTrainer(shards_, 1, 0, &t);
+  ASSERT_OK(started);
+  const absl::Status trained = TrainClicks(*t.pipe, 1);
+  ASSERT_OK(trained);
+  ASSERT_OK(t.pipe->Close());
   // Shard metrics must come from the shard, trainer metrics from the trainer.
-  const std::string trainer = metrics.Expose();
+  const std::string trainer = t.metrics.Expose();
   const std::string rules = std::string(EMBER_SOURCE_DIR) + "/deploy/prometheus/ember-alerts.yml";
   const std::string dashboard =
       std::string(EMBER_SOURCE_DIR) + "/deploy/grafana/ember-dashboard.json";
@@ -404,20 +408,14 @@ TEST_F(MetricsIntegrationTest, EveryMetricInTheDashboardAndAlertRulesExistsInALi
           << " does not export";
     }
   }
-  std::string lint;
-  EXPECT_EQ(RunCommand({"promtool", "check", "rules", rules}, "", &lint), 0) << lint;
+  ExpectPromtoolAccepts({"check", "rules", rules});
 }
 
 // deploy/prometheus/ember-alerts.test.yml: every alert fires on series that
 // break its rule (after its `for`) and stays quiet on healthy ones.
 TEST(AlertRulesTest, EveryAlertFiresOnBrokenSeriesAndStaysQuietOnHealthyOnes) {
-  std::string out;
-  const int rc = RunCommand(
-      {"promtool", "test", "rules",
-       std::string(EMBER_SOURCE_DIR) + "/deploy/prometheus/ember-alerts.test.yml"},
-      "", &out);
-  ASSERT_NE(rc, 127 << 8) << "promtool not found: deploy/install-deps.sh installs prometheus";
-  EXPECT_EQ(rc, 0) << out;
+  const std::string out = ExpectPromtoolAccepts(
+      {"test", "rules", std::string(EMBER_SOURCE_DIR) + "/deploy/prometheus/ember-alerts.test.yml"});
   EXPECT_NE(out.find("SUCCESS"), std::string::npos) << out;
 }
 
