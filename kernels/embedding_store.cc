@@ -1,6 +1,7 @@
 #include "kernels/embedding_store.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -13,6 +14,11 @@ void ExportedRows::Clear() {
   state.clear();
   steps.clear();
   scores.clear();
+}
+
+void SnapshotBatch::Clear() {
+  rows.Clear();
+  removed.clear();
 }
 
 absl::Status EmbeddingStore::ValidateRowBuffer(absl::string_view field, size_t n, DType dtype,
@@ -108,6 +114,29 @@ absl::Status EmbeddingStore::Import(const ExportedRows& rows) {
   EMBER_RETURN_IF_ERROR(check("scores", n, rows.scores.size()));
   if (n == 0) return absl::OkStatus();
   return ImportImpl(rows);
+}
+
+absl::Status EmbeddingStore::Snapshot(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
+                                      SnapshotBatch* out) {
+  out->Clear();
+  if (max_rows == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", config_.name, "' field 'max_rows': expected > 0, received 0"));
+  }
+  if (cursor->done) return absl::OkStatus();
+  return SnapshotImpl(kind, cursor, max_rows, out);
+}
+
+absl::Status EmbeddingStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t,
+                                          SnapshotBatch* out) {
+  if (kind == SnapshotKind::kDelta) {
+    return absl::UnimplementedError(absl::StrCat(
+        "table '", config_.name, "': this store does not track changed rows; take a full snapshot"));
+  }
+  ExportCursor all;
+  EMBER_RETURN_IF_ERROR(ExportImpl(&all, std::numeric_limits<size_t>::max(), &out->rows));
+  cursor->done = true;
+  return absl::OkStatus();
 }
 
 absl::Status TableFullError(const TableConfig& config, size_t failed, absl::string_view what) {

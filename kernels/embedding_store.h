@@ -70,10 +70,27 @@ struct ExportedRows {
 
 // Position of an export scan. Start from a default-constructed cursor and
 // call Export until `done`. Rows inserted or evicted during a scan may be
-// missed or seen twice; snapshots need writers paused.
+// missed or seen twice; checkpoints use Snapshot instead.
 struct ExportCursor {
   uint64_t position = 0;
   bool done = false;
+};
+
+// What a Snapshot copies.
+enum class SnapshotKind : uint8_t {
+  // Every stored row. Starts (or restarts) change tracking.
+  kFull,
+  // Only what changed since the previous snapshot of this store: rows
+  // inserted or updated since (their current contents) and keys removed
+  // since (erased or evicted, and not stored now).
+  kDelta,
+};
+
+// One part of a snapshot.
+struct SnapshotBatch {
+  ExportedRows rows;              // rows in fp32, as Export gives them
+  std::vector<uint64_t> removed;  // kDelta: keys removed since the previous snapshot
+  void Clear();
 };
 
 class EmbeddingStore {
@@ -115,6 +132,23 @@ class EmbeddingStore {
   // in ExportedRows; values are rounded to the storage dtype.
   absl::Status Import(const ExportedRows& rows);
 
+  // Copies part of a snapshot into `out` (after clearing it) and advances
+  // the cursor; call until `cursor->done`, with the same kind throughout.
+  // A store copies its rows in units (a lock stripe of the CPU store, the
+  // whole table for the CUDA store), each atomically with respect to every
+  // other call, so a row is never half-updated and every row that stayed
+  // stored through the scan is copied exactly once; a batch ends at a unit
+  // boundary once it holds `max_rows` rows (so it may hold more). A unit is
+  // marked clean as it is copied: the next kDelta holds only what changed
+  // after it. For a snapshot of one instant the caller must hold off
+  // writers (the shard's checkpoint cut does); lookups may run meanwhile.
+  // FAILED_PRECONDITION for kDelta when no snapshot was taken before
+  // (changes are tracked from the first snapshot on) and UNIMPLEMENTED where
+  // a store cannot track changes: take a kFull one then.
+  absl::Status Snapshot(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
+                        SnapshotBatch* out);
+
+
   virtual StoreStats Stats() const = 0;
 
   // Checks the shapes and values of a push without applying it; the same
@@ -142,6 +176,11 @@ class EmbeddingStore {
   virtual absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) = 0;
   virtual absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) = 0;
   virtual absl::Status ImportImpl(const ExportedRows& rows) = 0;
+  // The default suits a store whose calls are serialised: a kFull snapshot
+  // is one ExportImpl call over every row (atomic, one unit); kDelta is
+  // UNIMPLEMENTED.
+  virtual absl::Status SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
+                                    SnapshotBatch* out);
 
  private:
   absl::Status ValidateRowBuffer(absl::string_view field, size_t n, DType dtype,

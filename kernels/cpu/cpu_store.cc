@@ -86,6 +86,11 @@ struct alignas(64) CpuStore::Stripe {
   uint32_t size ABSL_GUARDED_BY(mu) = 0;
   uint32_t capacity = 0;  // rows this stripe may hold; fixed at creation
   uint64_t rng ABSL_GUARDED_BY(mu) = 0x853c49e6748fea9bULL;
+  // Change tracking: bit r of `dirty` is set while row r has changes no
+  // snapshot holds yet; `changed` lists the keys whose bit was set or whose
+  // row was removed since this stripe's last snapshot (a key may repeat).
+  std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> changed ABSL_GUARDED_BY(mu);
 };
 
 // A sub-batch grouped by stripe: slots[offsets[s]..offsets[s+1]) are the keys
@@ -221,6 +226,7 @@ void CpuStore::RemoveRow(Stripe& s, uint32_t row) ABSL_NO_THREAD_SAFETY_ANALYSIS
   uint8_t* record = Record(s, row);
   DeleteSlot(s, SlotOfRow(s, StoreHash(RecordKey(record)), row));
   const uint32_t last = s.size - 1;
+  MarkRemoved(s, row, last, RecordKey(record));
   if (row != last) {
     // Keep records dense: move the last record into the hole.
     const uint8_t* last_record = Record(s, last);
@@ -300,9 +306,40 @@ uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t cl
       break;
   }
   PlaceEntry(s, hash, row);
+  MarkChanged(s, row, key);
   rows_.fetch_add(1, std::memory_order_relaxed);
   inserts_.fetch_add(1, std::memory_order_relaxed);
   return row;
+}
+
+void CpuStore::MarkChanged(Stripe& s, uint32_t row, uint64_t key) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!tracking_.load(std::memory_order_relaxed)) return;
+  const size_t word = row >> 6;
+  const uint64_t bit = uint64_t{1} << (row & 63);
+  if (word >= s.dirty.size()) s.dirty.resize(((s.chunks.size() << chunk_shift_) >> 6) + 1, 0);
+  if (s.dirty[word] & bit) return;
+  s.dirty[word] |= bit;
+  s.changed.push_back(key);
+}
+
+void CpuStore::MarkRemoved(Stripe& s, uint32_t row, uint32_t last, uint64_t key)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!tracking_.load(std::memory_order_relaxed)) return;
+  s.changed.push_back(key);
+  // The last row moves into `row`, and its bit with it.
+  auto bit_of = [&](uint32_t r) {
+    return (r >> 6) < s.dirty.size() && (s.dirty[r >> 6] >> (r & 63)) & 1;
+  };
+  auto set_bit = [&](uint32_t r, bool on) {
+    if ((r >> 6) >= s.dirty.size()) {
+      if (!on) return;
+      s.dirty.resize(((s.chunks.size() << chunk_shift_) >> 6) + 1, 0);
+    }
+    const uint64_t bit = uint64_t{1} << (r & 63);
+    s.dirty[r >> 6] = on ? (s.dirty[r >> 6] | bit) : (s.dirty[r >> 6] & ~bit);
+  };
+  set_bit(row, bit_of(last));
+  if (last != row) set_bit(last, false);
 }
 
 // Scores are written under a shared lock by concurrent readers, hence the
@@ -578,6 +615,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
       uint8_t* rec = Record(s, r);
       ApplyOptimizer(rec, g.data(), scratch.data());
       Touch(rec, clock);
+      MarkChanged(s, r, key);
       ++result.updated;
     }
   }
@@ -614,23 +652,25 @@ absl::StatusOr<size_t> CpuStore::EraseImpl(absl::Span<const uint64_t> keys) {
   return erased;
 }
 
+void CpuStore::AppendRow(const uint8_t* record, ExportedRows* out) const {
+  out->keys.push_back(RecordKey(record));
+  const size_t v = out->values.size();
+  out->values.resize(v + dim_);
+  ConvertElements(record + value_offset_, dtype_, out->values.data() + v, DType::kFp32, dim_);
+  const float* state = reinterpret_cast<const float*>(record + state_offset_);
+  out->state.insert(out->state.end(), state, state + state_floats_);
+  out->steps.push_back(has_step_ ? *StepOf(const_cast<uint8_t*>(record)) : 0);
+  out->scores.push_back(
+      std::atomic_ref<uint32_t>(*ScoreOf(const_cast<uint8_t*>(record))).load(std::memory_order_relaxed));
+}
+
 absl::Status CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) {
   uint32_t si = static_cast<uint32_t>(cursor->position >> 32);
   uint32_t row = static_cast<uint32_t>(cursor->position);
   while (si < num_stripes_ && out->keys.size() < max_rows) {
     Stripe& s = stripes_[si];
     ReaderLock lock(&s.mu);
-    for (; row < s.size && out->keys.size() < max_rows; ++row) {
-      uint8_t* rec = Record(s, row);
-      out->keys.push_back(RecordKey(rec));
-      const size_t v = out->values.size();
-      out->values.resize(v + dim_);
-      ConvertElements(rec + value_offset_, dtype_, out->values.data() + v, DType::kFp32, dim_);
-      const float* state = reinterpret_cast<const float*>(rec + state_offset_);
-      out->state.insert(out->state.end(), state, state + state_floats_);
-      out->steps.push_back(has_step_ ? *StepOf(rec) : 0);
-      out->scores.push_back(std::atomic_ref<uint32_t>(*ScoreOf(rec)).load(std::memory_order_relaxed));
-    }
+    for (; row < s.size && out->keys.size() < max_rows; ++row) AppendRow(Record(s, row), out);
     if (row >= s.size) {
       ++si;
       row = 0;
@@ -659,10 +699,61 @@ absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
                 reinterpret_cast<float*>(rec + state_offset_));
     if (has_step_) *StepOf(rec) = rows.steps[slot.pos];
     *ScoreOf(rec) = rows.scores[slot.pos];
+    MarkChanged(s, r, key);
   });
   if (failed > 0) {
     return TableFullError(config(), failed, "imported rows not inserted");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
+                                    SnapshotBatch* out) {
+  if (kind == SnapshotKind::kDelta && !tracking_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", config().name, "': no snapshot was taken before, so no changes are tracked; "
+        "take a full snapshot"));
+  }
+  // Tracking starts before the first stripe is copied: a stripe changed
+  // after its copy is marked, one changed before it is in the copy.
+  if (kind == SnapshotKind::kFull) tracking_.store(true, std::memory_order_release);
+  uint32_t si = static_cast<uint32_t>(cursor->position);
+  for (; si < num_stripes_ && out->rows.keys.size() < max_rows; ++si) {
+    Stripe& s = stripes_[si];
+    // The writer lock makes the stripe's copy and its marking clean one step
+    // for inserting lookups too (pushes are held off by the caller).
+    WriterLock lock(&s.mu);
+    ExportedRows& rows = out->rows;
+    if (kind == SnapshotKind::kFull) {
+      rows.keys.reserve(rows.keys.size() + s.size);
+      rows.values.reserve(rows.values.size() + size_t{s.size} * dim_);
+      rows.state.reserve(rows.state.size() + size_t{s.size} * state_floats_);
+      for (uint32_t r = 0; r < s.size; ++r) AppendRow(Record(s, r), &rows);
+      std::fill(s.dirty.begin(), s.dirty.end(), 0);
+    } else {
+      const size_t removed_before = out->removed.size();
+      for (const uint64_t key : s.changed) {
+        const uint32_t r = FindRow(s, key, StoreHash(key));
+        if (r == kNoRow) {
+          out->removed.push_back(key);
+          continue;
+        }
+        if ((r >> 6) >= s.dirty.size()) continue;  // never marked: a repeat
+        uint64_t& word = s.dirty[r >> 6];
+        const uint64_t bit = uint64_t{1} << (r & 63);
+        if ((word & bit) == 0) continue;  // a repeat, already copied
+        word &= ~bit;
+        AppendRow(Record(s, r), &rows);
+      }
+      auto removed = out->removed.begin() + static_cast<std::ptrdiff_t>(removed_before);
+      std::sort(removed, out->removed.end());
+      out->removed.erase(std::unique(removed, out->removed.end()), out->removed.end());
+    }
+    s.changed.clear();
+    if (s.changed.capacity() > 4096) s.changed.shrink_to_fit();
+  }
+  cursor->position = si;
+  cursor->done = si >= num_stripes_;
   return absl::OkStatus();
 }
 

@@ -20,6 +20,10 @@
 //   16 or fewer, which makes eviction exact for small tables).
 // - Per-row overhead beyond key, row and state: the 4-byte score plus 4 to
 //   10.7 bytes of index, plus at most one partly used chunk per stripe.
+// - Change tracking for delta snapshots starts with the first snapshot: a
+//   bit per row (set when a row is inserted or updated) and, per stripe, the
+//   keys whose bit was set or whose row was removed since the stripe's last
+//   snapshot, so a delta costs in proportion to the changes, not the table.
 #pragma once
 
 #include <atomic>
@@ -60,6 +64,8 @@ class CpuStore final : public EmbeddingStore {
   absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) override;
   absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
   absl::Status ImportImpl(const ExportedRows& rows) override;
+  absl::Status SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
+                            SnapshotBatch* out) override;
 
  private:
   struct Stripe;
@@ -83,6 +89,12 @@ class CpuStore final : public EmbeddingStore {
   void GrowIndex(Stripe& s, size_t new_size);
   void PlaceEntry(Stripe& s, uint64_t hash, uint32_t row);
   void Touch(uint8_t* record, uint32_t clock) const;
+  // Change tracking (on once tracking_ is set): the row was inserted or
+  // updated; the row is about to be removed (and `last` moved into it).
+  void MarkChanged(Stripe& s, uint32_t row, uint64_t key);
+  void MarkRemoved(Stripe& s, uint32_t row, uint32_t last, uint64_t key);
+  // Appends one record to `out` in Export's format.
+  void AppendRow(const uint8_t* record, ExportedRows* out) const;
   void CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const;
   void InitialRowOut(uint64_t key, DType out_dtype, uint8_t* out) const;
   // One optimizer step on a record; `scratch` holds dim floats.
@@ -109,6 +121,8 @@ class CpuStore final : public EmbeddingStore {
   std::unique_ptr<Stripe[]> stripes_;
 
   std::atomic<uint32_t> clock_{0};
+  // Set by the first snapshot; changes are tracked from then on.
+  std::atomic<bool> tracking_{false};
   std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> memory_bytes_{0};
   std::atomic<uint64_t> inserts_{0};
