@@ -34,4 +34,21 @@ grpc::Status AdminServiceImpl::GetShardInfo(grpc::ServerContext*, const v1::GetS
   return grpc::Status::OK;
 }
 
+grpc::Status AdminServiceImpl::Checkpoint(grpc::ServerContext* context,
+                                          const v1::CheckpointRequest* request,
+                                          v1::CheckpointResponse* response) {
+  // The call's deadline bounds the wait for the cut; without one, a minute.
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::Now() + absl::Seconds(60)
+                                  : absl::FromChrono(context->deadline());
+  return ToGrpcStatus(checkpointer_->Checkpoint(*request, deadline, response));
+}
+
+grpc::Status AdminServiceImpl::ListCheckpoints(grpc::ServerContext*,
+                                               const v1::ListCheckpointsRequest*,
+                                               v1::ListCheckpointsResponse* response) {
+  checkpointer_->List(response);
+  return grpc::Status::OK;
+}
+
 }  // namespace ember

@@ -2,14 +2,16 @@
 #pragma once
 
 #include "ember/v1/admin_service.grpc.pb.h"
+#include "server/checkpointer.h"
 #include "server/shard.h"
 
 namespace ember {
 
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
-  // `shard` must outlive the service.
-  explicit AdminServiceImpl(Shard* shard) : shard_(shard) {}
+  // `shard` and `checkpointer` must outlive the service.
+  AdminServiceImpl(Shard* shard, Checkpointer* checkpointer)
+      : shard_(shard), checkpointer_(checkpointer) {}
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
@@ -19,9 +21,15 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                          v1::DropTableResponse* response) override;
   grpc::Status GetShardInfo(grpc::ServerContext* context, const v1::GetShardInfoRequest* request,
                             v1::GetShardInfoResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
 
  private:
   Shard* shard_;
+  Checkpointer* checkpointer_;
 };
 
 }  // namespace ember

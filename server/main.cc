@@ -28,6 +28,21 @@ ABSL_FLAG(int, metrics_port, -1,
           "Prometheus endpoint port (GET /metrics); 0 picks a free one; -1: no metrics.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where tables live: cpu (host memory) or cuda:N (GPU N's memory).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory of this shard's checkpoints (one subdirectory each); empty: none.");
+ABSL_FLAG(absl::Duration, checkpoint_interval, absl::ZeroDuration(),
+          "Time between periodic checkpoints, e.g. 10m; 0: only on request (and on exit).");
+ABSL_FLAG(bool, checkpoint_incremental, false,
+          "Periodic checkpoints hold only the rows changed since the previous one.");
+ABSL_FLAG(int, checkpoint_full_every, 8,
+          "With --checkpoint_incremental, every N-th periodic checkpoint is a full one.");
+ABSL_FLAG(int, checkpoint_keep, 3,
+          "Full checkpoints kept, with the deltas on them; older ones are deleted. 0: all.");
+ABSL_FLAG(bool, checkpoint_on_exit, true,
+          "With --checkpoint_dir, write a checkpoint on SIGTERM/SIGINT after serving stops.");
+ABSL_FLAG(std::string, restore_from, "",
+          "Restore before serving: 'latest' (newest valid checkpoint in --checkpoint_dir, "
+          "none is fine) or a checkpoint directory.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
           "On SIGTERM/SIGINT, how long in-flight calls may finish.");
 
@@ -49,6 +64,12 @@ int main(int argc, char** argv) {
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.checkpoint.directory = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint.interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  options.checkpoint.incremental = absl::GetFlag(FLAGS_checkpoint_incremental);
+  options.checkpoint.full_every = absl::GetFlag(FLAGS_checkpoint_full_every);
+  options.checkpoint.keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  options.restore_from = absl::GetFlag(FLAGS_restore_from);
   auto device = ember::ParseStoreDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
     spdlog::error("ember-server: --device: {}", device.status().ToString());
@@ -79,8 +100,18 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&stop_signals, &signal);
   spdlog::info("signal {}: shutting down", signal);
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  (*server)->Shutdown(grace);
   (*server)->Wait();
+  if (!options.checkpoint.directory.empty() && absl::GetFlag(FLAGS_checkpoint_on_exit)) {
+    // Serving has stopped: the cut is the workers' latest step, reached once
+    // the pushes that were cut off are out (or the grace runs out).
+    ember::v1::CheckpointRequest request;
+    request.set_incremental(options.checkpoint.incremental);
+    ember::v1::CheckpointResponse response;
+    absl::Status s = (*server)->checkpointer().Checkpoint(request, absl::Now() + grace, &response);
+    if (!s.ok()) spdlog::error("checkpoint on exit failed: {}", s.ToString());
+  }
   spdlog::info("stopped");
   return 0;
 }

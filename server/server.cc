@@ -16,7 +16,8 @@
 namespace ember {
 
 struct Server::Services {
-  Services(Shard* shard, ShardMetrics* metrics) : embedding(shard, metrics), admin(shard) {}
+  Services(Shard* shard, ShardMetrics* metrics, Checkpointer* checkpointer)
+      : embedding(shard, metrics), admin(shard, checkpointer) {}
   EmbeddingServiceImpl embedding;
   AdminServiceImpl admin;
 };
@@ -34,6 +35,11 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port: expected -1 (off) or 0..65535 other than port ", port, ", received ",
         metrics_port));
+  }
+  EMBER_RETURN_IF_ERROR(checkpoint.Validate());
+  if (restore_from == "latest" && checkpoint.directory.empty()) {
+    return absl::InvalidArgumentError(
+        "restore_from: 'latest' needs a checkpoint_dir, received none");
   }
   return shard.Validate();
 }
@@ -79,10 +85,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->metrics_ = std::make_unique<ShardMetrics>(server->registry_.get());
     server->shard_->SetMetrics(server->metrics_.get());
   }
+  server->checkpointer_ = std::make_unique<Checkpointer>(server->shard_.get(), options.checkpoint);
+  if (!options.restore_from.empty()) {
+    EMBER_RETURN_IF_ERROR(server->checkpointer_->Restore(options.restore_from).status());
+  }
   if (!options.table_config_file.empty()) {
     EMBER_RETURN_IF_ERROR(CreateConfiguredTables(options.table_config_file, server->shard_.get()));
   }
-  server->services_ = std::make_unique<Services>(server->shard_.get(), server->metrics_.get());
+  server->services_ = std::make_unique<Services>(server->shard_.get(), server->metrics_.get(),
+                                                 server->checkpointer_.get());
   if (options.metrics_port >= 0) {
     EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
                            MetricsHttpServer::Start(options.address, options.metrics_port,
@@ -112,6 +123,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::UnavailableError(absl::StrCat("cannot listen on ", target));
   }
   server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  server->checkpointer_->StartPeriodic();
   return server;
 }
 
@@ -123,6 +135,7 @@ Server::~Server() {
 }
 
 void Server::Shutdown(absl::Duration grace) {
+  if (checkpointer_) checkpointer_->StopPeriodic();
   if (!grpc_server_) return;
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

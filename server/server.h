@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "server/checkpointer.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 
@@ -33,6 +34,13 @@ struct ServerOptions {
   // Port of the Prometheus endpoint (GET /metrics on `address`); 0 picks a
   // free one (see Server::metrics_port()); -1: no metrics.
   int metrics_port = -1;
+  // Checkpoints: where, how often, how many kept.
+  CheckpointerOptions checkpoint;
+  // "latest" (the newest checkpoint in checkpoint.directory that verifies;
+  // none is fine) or a checkpoint directory's path; empty: start empty.
+  // Restored before the tables of table_config_file are created and before
+  // the shard serves.
+  std::string restore_from;
 
   absl::Status Validate() const;
 };
@@ -49,6 +57,7 @@ class Server {
   // without metrics.
   int metrics_port() const;
   Shard& shard() { return *shard_; }
+  Checkpointer& checkpointer() { return *checkpointer_; }
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,
   // then cancels the rest. Idempotent; thread-safe.
@@ -64,6 +73,7 @@ class Server {
   std::unique_ptr<ShardMetrics> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<Shard> shard_;
+  std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

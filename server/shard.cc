@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/key_hash.h"
 #include "common/status_macros.h"
@@ -103,6 +104,13 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   r->set_version(EMBER_VERSION);
   r->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
   r->set_device(options_.device.ToString());
+  for (const auto& [id, applied] : clock_.AppliedSteps()) {
+    v1::WorkerStep* w = r->add_workers();
+    w->set_worker_id(id);
+    w->set_applied_step(applied);
+  }
+  ReaderLock lock(&mu_);
+  r->set_restored_from(restored_from_);
 }
 
 absl::Status Shard::CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const {
@@ -212,6 +220,75 @@ void Shard::SetMetrics(ShardMetrics* metrics) {
     }
     metrics->registered_workers.Set(static_cast<double>(applied.size()));
   });
+}
+
+absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool delta,
+                                              absl::Time deadline) {
+  std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
+  ShardSnapshot snap;
+  const absl::Time start = absl::Now();
+  snap.step = step.has_value() ? *step : clock_.LatestStep();
+  EMBER_RETURN_IF_ERROR(clock_.HoldAfter(snap.step));
+  absl::Cleanup release = [&] { clock_.ReleaseHold(); };
+  if (snap.step >= 0) {
+    EMBER_RETURN_IF_ERROR(clock_.WaitFor(
+        snap.step, deadline, absl::StrCat("checkpoint at step ", snap.step)));
+  }
+  snap.workers = clock_.AppliedSteps();
+  const absl::Time cut = absl::Now();
+  snap.cut_wait = cut - start;
+
+  std::vector<std::shared_ptr<Table>> tables;
+  {
+    ReaderLock lock(&mu_);
+    for (const auto& [name, table] : tables_) tables.push_back(table);
+  }
+  std::sort(tables.begin(), tables.end(),
+            [](const auto& a, const auto& b) { return a->config.name() < b->config.name(); });
+  // Rows per batch: a stripe at most, so that a batch is one write.
+  constexpr size_t kBatchRows = size_t{1} << 16;
+  for (const auto& t : tables) {
+    ShardSnapshot::Table& out = snap.tables.emplace_back();
+    out.config = t->config;
+    SnapshotKind kind = delta ? SnapshotKind::kDelta : SnapshotKind::kFull;
+    ExportCursor cursor;
+    while (!cursor.done) {
+      SnapshotBatch& batch = out.batches.emplace_back();
+      absl::Status s = t->store->Snapshot(kind, &cursor, kBatchRows, &batch);
+      if (kind == SnapshotKind::kDelta && out.batches.size() == 1 &&
+          (absl::IsFailedPrecondition(s) || absl::IsUnimplemented(s))) {
+        // The store has no changes to give (new since the last snapshot, or
+        // it does not track them): this table goes in whole.
+        kind = SnapshotKind::kFull;
+        cursor = ExportCursor{};
+        out.batches.clear();
+        continue;
+      }
+      EMBER_RETURN_IF_ERROR(s);
+      out.rows += batch.rows.keys.size();
+      out.removed_keys += batch.removed.size();
+    }
+    out.full = kind == SnapshotKind::kFull;
+  }
+  snap.copy = absl::Now() - cut;
+  return snap;
+}
+
+void Shard::InstallRestored(std::vector<RestoredTable> restored,
+                            const std::map<uint32_t, int64_t>& workers, const std::string& source) {
+  absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables;
+  for (RestoredTable& r : restored) {
+    auto table = std::make_shared<Table>(Table{std::move(r.config), std::move(r.store)});
+    if (metrics_ != nullptr) table->series = metrics_->Table(table->config.name());
+    tables.emplace(table->config.name(), std::move(table));
+  }
+  {
+    WriterLock lock(&mu_);
+    tables_.swap(tables);
+    restored_from_ = source;
+  }
+  for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
+  for (const auto& [id, applied] : workers) clock_.Register(id, applied + 1);
 }
 
 absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,

@@ -10,7 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,31 @@
 #include "server/ssp_clock.h"
 
 namespace ember {
+
+// A shard's state at a checkpoint's cut, copied to memory (Shard::Snapshot).
+struct ShardSnapshot {
+  struct Table {
+    v1::TableConfig config;  // normalized
+    // true: every row; false: changes since the previous snapshot.
+    bool full = true;
+    std::vector<SnapshotBatch> batches;
+    uint64_t rows = 0;
+    uint64_t removed_keys = 0;
+  };
+  // The cut; -1 when no worker was registered and no step was asked for.
+  int64_t step = -1;
+  // Registered workers' applied steps at the cut.
+  std::map<uint32_t, int64_t> workers;
+  std::vector<Table> tables;  // sorted by name
+  absl::Duration cut_wait;    // waiting for the workers to reach the cut
+  absl::Duration copy;        // copying the tables, later pushes held
+};
+
+// A restored table, built outside the shard and handed to InstallRestored.
+struct RestoredTable {
+  v1::TableConfig config;  // normalized
+  std::unique_ptr<EmbeddingStore> store;
+};
 
 struct ShardOptions {
   // This shard's index in [0, shard_count).
@@ -75,6 +103,25 @@ class Shard {
   // serving.
   void SetMetrics(ShardMetrics* metrics);
 
+  // Copies the shard's state at a step boundary into memory: holds pushes of
+  // registered workers at steps > the cut, waits (until `deadline`) for
+  // every registered worker to have applied the cut step, copies every
+  // table (lookups go on), then lets the held pushes go. The cut is `step`,
+  // or without one the latest step a registered worker has pushed or
+  // started to push. `delta`: tables copy only their changes since the
+  // previous snapshot where their store can (ShardSnapshot::Table::full
+  // says which did). One snapshot at a time (later callers wait).
+  // FAILED_PRECONDITION if a worker already pushed past `step`;
+  // DEADLINE_EXCEEDED naming the slowest worker.
+  absl::StatusOr<ShardSnapshot> Snapshot(std::optional<int64_t> step, bool delta,
+                                         absl::Time deadline);
+
+  // Replaces every table and the consistency clock with restored ones.
+  // Only before serving: requests running meanwhile may see either state.
+  // `source` names the checkpoint (GetShardInfo.restored_from).
+  void InstallRestored(std::vector<RestoredTable> tables,
+                       const std::map<uint32_t, int64_t>& workers, const std::string& source);
+
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);
   void UnregisterWorker(const v1::UnregisterWorkerRequest& request,
@@ -116,6 +163,8 @@ class Shard {
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   SspClock clock_;
+  std::mutex snapshot_mu_;           // one Snapshot at a time
+  std::string restored_from_ ABSL_GUARDED_BY(mu_);
   ShardMetrics* metrics_ = nullptr;  // set before serving; null: no metrics
 };
 

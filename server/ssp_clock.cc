@@ -1,5 +1,6 @@
 #include "server/ssp_clock.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -17,11 +18,17 @@ bool SspClock::Unregister(uint32_t worker) {
   std::lock_guard<std::mutex> lock(mu_);
   const bool erased = workers_.erase(worker) > 0;
   advanced_.notify_all();  // the waiters may have been waiting for it
+  released_.notify_all();  // and a held push of it is no longer tracked
   return erased;
 }
 
 absl::Status SspClock::Begin(uint32_t worker, int64_t step, Claim* claim) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // A checkpoint's cut holds later steps back until its copy is taken. The
+  // worker is looked up again after the wait: it may have left meanwhile.
+  released_.wait(lock, [&] {
+    return !holding_ || step <= hold_step_ || workers_.find(worker) == workers_.end();
+  });
   auto it = workers_.find(worker);
   if (it == workers_.end()) {
     *claim = Claim::kUntracked;
@@ -92,6 +99,40 @@ absl::Status SspClock::WaitFor(int64_t required, absl::Time deadline, const std:
   return absl::DeadlineExceededError(absl::StrCat(
       what, " needs every worker's pushes up to step ", required, " applied on this shard; worker ",
       slowest->first, " is behind: applied up to step ", slowest->second.applied));
+}
+
+int64_t SspClock::LatestOf(const Worker& w) {
+  int64_t latest = w.applied;
+  if (!w.done_ahead.empty()) latest = std::max(latest, *w.done_ahead.rbegin());
+  if (!w.in_flight.empty()) latest = std::max(latest, *w.in_flight.rbegin());
+  return latest;
+}
+
+int64_t SspClock::LatestStep() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t latest = -1;
+  for (const auto& [id, w] : workers_) latest = std::max(latest, LatestOf(w));
+  return latest;
+}
+
+absl::Status SspClock::HoldAfter(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, w] : workers_) {
+    if (LatestOf(w) > step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "field 'step': cannot cut at step ", step, ": worker ", id,
+          " has already pushed step ", LatestOf(w), " on this shard"));
+    }
+  }
+  holding_ = true;
+  hold_step_ = step;
+  return absl::OkStatus();
+}
+
+void SspClock::ReleaseHold() {
+  std::lock_guard<std::mutex> lock(mu_);
+  holding_ = false;
+  released_.notify_all();
 }
 
 std::map<uint32_t, int64_t> SspClock::AppliedSteps() const {

@@ -56,6 +56,16 @@ class SspClock {
   int64_t MinApplied() const;
   // Each registered worker's applied step.
   std::map<uint32_t, int64_t> AppliedSteps() const;
+  // The latest step any registered worker has applied or claimed; -1 if none.
+  int64_t LatestStep() const;
+
+  // A checkpoint's cut at `step`: from now until ReleaseHold, Begin blocks
+  // for pushes of registered workers at steps > `step` (pushes of
+  // unregistered workers are not held). FAILED_PRECONDITION, holding
+  // nothing, if a registered worker has already applied or claimed a later
+  // step; one hold at a time (the caller serialises checkpoints).
+  absl::Status HoldAfter(int64_t step);
+  void ReleaseHold();
 
  private:
   struct Worker {
@@ -66,9 +76,15 @@ class SspClock {
   // The registered worker with the smallest applied step, or end().
   std::map<uint32_t, Worker>::const_iterator Slowest() const;
 
+  // The largest step the worker has applied or claimed.
+  static int64_t LatestOf(const Worker& w);
+
   mutable std::mutex mu_;
   std::condition_variable advanced_;
+  std::condition_variable released_;
   std::map<uint32_t, Worker> workers_;
+  bool holding_ = false;
+  int64_t hold_step_ = 0;
 };
 
 }  // namespace ember

@@ -1,0 +1,311 @@
+// Checkpoints of the shard core, without a network: the cut at a step,
+// restore into a fresh shard, deltas, and every way a checkpoint on disk
+// can be wrong (refused, naming the file and what is wrong).
+#include "server/checkpointer.h"
+
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "server/checkpoint_format.h"
+#include "tests/server/requests.h"
+#include "tests/test_util.h"
+
+namespace ember::testing {
+namespace {
+
+// Every optimizer with every storage dtype, one table each.
+std::vector<v1::TableConfig> EveryOptimizerAndDtype() {
+  std::vector<v1::TableConfig> out;
+  const std::pair<const char*, v1::DType> dtypes[] = {
+      {"fp32", v1::DTYPE_FP32}, {"fp16", v1::DTYPE_FP16}, {"bf16", v1::DTYPE_BF16}};
+  for (const char* opt : {"sgd", "adagrad", "adam", "ftrl"}) {
+    for (const auto& [dname, dtype] : dtypes) {
+      v1::TableConfig c;
+      c.set_name(absl::StrCat(opt, "_", dname));
+      c.set_dim(5);
+      c.set_dtype(dtype);
+      c.mutable_initializer()->mutable_uniform()->set_min(-0.1f);
+      c.mutable_initializer()->mutable_uniform()->set_max(0.1f);
+      c.mutable_initializer()->set_seed(11);
+      v1::Optimizer* o = c.mutable_optimizer();
+      const std::string name = opt;
+      if (name == "sgd") o->mutable_sgd()->set_learning_rate(0.05f);
+      if (name == "adagrad") o->mutable_adagrad()->set_learning_rate(0.05f);
+      if (name == "adam") o->mutable_adam()->set_learning_rate(0.01f);
+      if (name == "ftrl") {
+        o->mutable_ftrl()->set_learning_rate(0.05f);
+        o->mutable_ftrl()->set_l1(0.001f);
+        o->mutable_ftrl()->set_l2(0.001f);
+      }
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+ShardOptions Options(uint32_t index = 0, uint32_t count = 2) {
+  ShardOptions o;
+  o.shard_index = index;
+  o.shard_count = count;
+  return o;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = JoinPath(::testing::TempDir(), name);
+  EXPECT_OK(FileSystem::Posix()->RemoveAll(dir));
+  return dir;
+}
+
+// One push of `worker` at `step`: every table gets the same keys, gradient
+// values depending on (step, key, element).
+absl::Status PushStep(Shard& shard, uint32_t worker, int64_t step,
+                      const std::vector<std::string>& tables, const std::vector<uint64_t>& keys) {
+  v1::PushRequest req;
+  req.set_worker_id(worker);
+  req.set_step(step);
+  for (const std::string& t : tables) {
+    std::vector<float> g(keys.size() * 5);
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = 0.01f * static_cast<float>(static_cast<int>((step * 31 + keys[i / 5] + i) % 17) - 8);
+    }
+    AddGradients(&req, t, keys, g);
+  }
+  v1::PushResponse resp;
+  return shard.Push(req, &resp);
+}
+
+// A shard's tables as a full snapshot sees them: per table, per key, the
+// values, state and step (scores are left out: lookups move them).
+using Row = std::tuple<std::vector<float>, std::vector<float>, uint32_t>;
+using Contents = std::map<std::string, std::map<uint64_t, Row>>;
+Contents ContentsOf(Shard& shard) {
+  absl::StatusOr<ShardSnapshot> snap = shard.Snapshot(std::nullopt, false, absl::InfiniteFuture());
+  EXPECT_OK(snap);
+  Contents out;
+  if (!snap.ok()) return out;
+  for (const auto& t : snap->tables) {
+    auto& rows = out[t.config.name()];
+    const size_t dim = t.config.dim();
+    for (const SnapshotBatch& b : t.batches) {
+      const size_t n = b.rows.keys.size();
+      const size_t sf = n == 0 ? 0 : b.rows.state.size() / n;
+      for (size_t i = 0; i < n; ++i) {
+        rows[b.rows.keys[i]] = Row{
+            {b.rows.values.begin() + i * dim, b.rows.values.begin() + (i + 1) * dim},
+            {b.rows.state.begin() + i * sf, b.rows.state.begin() + (i + 1) * sf},
+            b.rows.steps[i]};
+      }
+    }
+  }
+  return out;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const auto& c : EveryOptimizerAndDtype()) {
+      v1::CreateTableResponse r;
+      ASSERT_OK(shard_.CreateTable(c, &r));
+      tables_.push_back(c.name());
+    }
+    v1::RegisterWorkerRequest reg;
+    v1::RegisterWorkerResponse resp;
+    for (uint32_t w : {0u, 1u}) {
+      reg.set_worker_id(w);
+      ASSERT_OK(shard_.RegisterWorker(reg, &resp));
+    }
+  }
+  CheckpointerOptions Opts() {
+    CheckpointerOptions o;
+    o.directory = dir_;
+    o.keep = 0;
+    return o;
+  }
+  // Steps [begin, end) of both workers, each worker on its own keys.
+  void Train(int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      for (uint32_t w : {0u, 1u}) ASSERT_OK(PushStep(shard_, w, s, tables_, KeysOf(w, s)));
+    }
+  }
+  // Worker w's keys at step s: a sliding window, so rows keep being added.
+  std::vector<uint64_t> KeysOf(uint32_t w, int64_t s) {
+    std::vector<uint64_t> all = OwnedKeys(0, 2, 400, 1 + w * 100000);
+    return {all.begin() + (s * 7) % 300, all.begin() + (s * 7) % 300 + 40};
+  }
+  absl::StatusOr<v1::CheckpointResponse> Take(Checkpointer& c, bool incremental = false,
+                                              std::optional<int64_t> step = std::nullopt) {
+    v1::CheckpointRequest req;
+    req.set_incremental(incremental);
+    if (step) req.set_step(*step);
+    v1::CheckpointResponse resp;
+    absl::Status s = c.Checkpoint(req, absl::Now() + absl::Seconds(10), &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+  // A fresh shard restored from `what` by a checkpointer on the same directory.
+  absl::StatusOr<std::unique_ptr<Shard>> Restored(const std::string& what,
+                                                  ShardOptions options = Options()) {
+    auto shard = std::make_unique<Shard>(options);
+    Checkpointer c(shard.get(), Opts());
+    absl::StatusOr<std::string> from = c.Restore(what);
+    if (!from.ok()) return from.status();
+    return shard;
+  }
+
+  const std::string dir_ = FreshDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  Shard shard_{Options()};
+  std::vector<std::string> tables_;
+};
+
+TEST_F(CheckpointTest, RestoreReproducesEveryTableRowStateAndClock) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 30);
+  auto taken = Take(checkpointer);
+  ASSERT_OK(taken);
+  EXPECT_EQ(taken->manifest().step(), 29);
+  EXPECT_EQ(taken->manifest().kind(), v1::CHECKPOINT_KIND_FULL);
+  EXPECT_EQ(taken->manifest().tables_size(), 12);
+
+  auto restored = Restored("latest");
+  ASSERT_OK(restored);
+  EXPECT_EQ(ContentsOf(**restored), ContentsOf(shard_));
+  v1::GetShardInfoResponse info;
+  (*restored)->GetShardInfo(&info);
+  ASSERT_EQ(info.workers_size(), 2);
+  EXPECT_EQ(info.workers(0).applied_step(), 29);
+  EXPECT_EQ(info.workers(1).applied_step(), 29);
+  EXPECT_EQ(info.restored_from(), taken->path());
+  // Training continues on the restored shard exactly as on the original.
+  Train(30, 40);
+  for (int64_t s = 30; s < 40; ++s) {
+    for (uint32_t w : {0u, 1u}) ASSERT_OK(PushStep(**restored, w, s, tables_, KeysOf(w, s)));
+  }
+  EXPECT_EQ(ContentsOf(**restored), ContentsOf(shard_));
+}
+
+TEST_F(CheckpointTest, CutHoldsExactlyThePushesUpToItsStepWhileWorkersRun) {
+  Checkpointer checkpointer(&shard_, Opts());
+  // Two workers push steps 0..59 concurrently; the checkpoint cuts at 20.
+  std::atomic<bool> go{false};
+  std::vector<std::thread> workers;
+  for (uint32_t w : {0u, 1u}) {
+    workers.emplace_back([&, w] {
+      while (!go) std::this_thread::yield();
+      for (int64_t s = 0; s < 60; ++s) EXPECT_OK(PushStep(shard_, w, s, tables_, KeysOf(w, s)));
+    });
+  }
+  go = true;
+  auto taken = Take(checkpointer, false, 20);
+  for (auto& t : workers) t.join();
+  ASSERT_OK(taken);
+  EXPECT_EQ(taken->manifest().step(), 20);
+
+  // The reference: a shard that only ever saw steps 0..20.
+  Shard reference(Options());
+  for (const auto& c : EveryOptimizerAndDtype()) {
+    v1::CreateTableResponse r;
+    ASSERT_OK(reference.CreateTable(c, &r));
+  }
+  for (int64_t s = 0; s <= 20; ++s) {
+    for (uint32_t w : {0u, 1u}) ASSERT_OK(PushStep(reference, w, s, tables_, KeysOf(w, s)));
+  }
+  auto restored = Restored(taken->path());
+  ASSERT_OK(restored);
+  EXPECT_EQ(ContentsOf(**restored), ContentsOf(reference));
+}
+
+TEST_F(CheckpointTest, StepAWorkerAlreadyPassedIsRefusedAndWritesNothing) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 10);
+  auto taken = Take(checkpointer, false, 5);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kFailedPrecondition) << taken.status();
+  EXPECT_NE(taken.status().message().find("has already pushed step 9"), std::string::npos)
+      << taken.status();
+  EXPECT_TRUE(ListCheckpointDirectory(FileSystem::Posix(), dir_).valid.empty());
+}
+
+TEST_F(CheckpointTest, CutNoWorkerReachesTimesOutAndReleasesHeldPushes) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 3);
+  ASSERT_OK(PushStep(shard_, 0, 3, tables_, KeysOf(0, 3)));  // worker 1 stops at 2
+  v1::CheckpointRequest req;
+  req.set_step(3);
+  v1::CheckpointResponse resp;
+  absl::Status s = checkpointer.Checkpoint(req, absl::Now() + absl::Milliseconds(200), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("worker 1 is behind"), std::string::npos) << s;
+  // Worker 0's next step is not held any longer.
+  EXPECT_OK(PushStep(shard_, 0, 4, tables_, KeysOf(0, 4)));
+}
+
+TEST_F(CheckpointTest, BasePlusThreeDeltasRestoresTheSameStateAsAFullCheckpoint) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 10);
+  auto base = Take(checkpointer, /*incremental=*/true);  // no parent yet: full
+  ASSERT_OK(base);
+  EXPECT_EQ(base->manifest().kind(), v1::CHECKPOINT_KIND_FULL);
+  std::string parent = base->manifest().id();
+  for (int d = 0; d < 3; ++d) {
+    if (d == 1) {  // a dropped table and a new one between deltas
+      ASSERT_OK(shard_.DropTable("sgd_bf16"));
+      tables_.erase(std::find(tables_.begin(), tables_.end(), "sgd_bf16"));
+      v1::CreateTableResponse r;
+      ASSERT_OK(shard_.CreateTable(AdagradTable("added", 5), &r));
+      tables_.push_back("added");
+    }
+    Train(10 + d * 2, 12 + d * 2);
+    auto delta = Take(checkpointer, true);
+    ASSERT_OK(delta);
+    EXPECT_EQ(delta->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+    EXPECT_EQ(delta->manifest().parent_id(), parent);
+    EXPECT_LT(delta->bytes(), base->bytes());
+    for (const auto& t : delta->manifest().tables()) {
+      EXPECT_EQ(t.full(), t.config().name() == "added" && d == 1) << t.config().name();
+    }
+    parent = delta->manifest().id();
+  }
+  auto from_deltas = Restored("latest");
+  ASSERT_OK(from_deltas);
+  auto full = Take(checkpointer);
+  ASSERT_OK(full);
+  auto from_full = Restored(full->path());
+  ASSERT_OK(from_full);
+  const Contents expected = ContentsOf(shard_);
+  EXPECT_EQ(expected.count("sgd_bf16"), 0u);
+  EXPECT_EQ(expected.count("added"), 1u);
+  EXPECT_EQ(ContentsOf(**from_deltas), expected);
+  EXPECT_EQ(ContentsOf(**from_full), expected);
+}
+
+TEST_F(CheckpointTest, DeltaSizeIsProportionalToTheRowsChanged) {
+  Shard shard(Options(0, 1));
+  v1::CreateTableResponse r;
+  ASSERT_OK(shard.CreateTable(AdagradTable("t", 8), &r));
+  std::vector<uint64_t> keys(20000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919;
+  v1::PushRequest push;
+  AddGradients(&push, "t", keys, std::vector<float>(keys.size() * 8, 0.5f));
+  v1::PushResponse pushed;
+  ASSERT_OK(shard.Push(push, &pushed));
+  Checkpointer checkpointer(&shard, Opts());
+  auto full = Take(checkpointer);
+  ASSERT_OK(full);
+  for (size_t changed : {size_t{200}, size_t{2000}}) {
+    std::vector<uint64_t> some(keys.begin(), keys.begin() + changed);
+    v1::PushRequest p;
+    AddGradients(&p, "t", some, std::vector<float>(some.size() * 8, 0.25f));
+    ASSERT_OK(shard.Push(p, &pushed));
+    auto delta = Take(checkpointer, true);
+    ASSERT_OK(delta);
+    EXPECT_EQ(delta->manifest().tables(0).rows(), changed);
+    const double ratio = static_cast<double>(delta->bytes()) / static_cast<double>(full->bytes());
+    const double share = static_cast<double>(changed) / static_cast<double>(keys.size());
+    // Rows are the same size in both; only the fixed header and footer differ.
+    EXPECT_NEAR(ratio, share, 0.005) << changed << " rows changed";
+  }
+}
+
+}  // namespace
+}  // namespace ember::testing
