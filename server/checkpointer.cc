@@ -236,7 +236,11 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   EMBER_RETURN_IF_ERROR(fs_->SyncDir(temp));
   EMBER_RETURN_IF_ERROR(fs_->Rename(temp, final_path));
   std::move(remove_temp).Cancel();
-  EMBER_RETURN_IF_ERROR(fs_->SyncDir(dir));
+  if (absl::Status s = fs_->SyncDir(dir); !s.ok()) {
+    // The rename may not be durable: a failed checkpoint leaves no trace.
+    (void)fs_->RemoveAll(final_path);
+    return s;
+  }
   next_sequence_ = sequence + 1;
   last_id_ = id;
 

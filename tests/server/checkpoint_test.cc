@@ -3,11 +3,16 @@
 // can be wrong (refused, naming the file and what is wrong).
 #include "server/checkpointer.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "common/status_macros.h"
 #include "server/checkpoint_format.h"
 #include "tests/server/requests.h"
 #include "tests/test_util.h"
@@ -305,6 +310,272 @@ TEST_F(CheckpointTest, DeltaSizeIsProportionalToTheRowsChanged) {
     // Rows are the same size in both; only the fixed header and footer differ.
     EXPECT_NEAR(ratio, share, 0.005) << changed << " rows changed";
   }
+}
+
+// Damage done to files on disk.
+void FlipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+void Truncate(const std::string& path, uint64_t size) {
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0) << path;
+}
+void WriteU32(const std::string& path, uint64_t offset, uint32_t v) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(reinterpret_cast<const char*>(&v), 4);
+}
+
+// Two checkpoints, the second then damaged by `damage` (given its path):
+// restoring it is refused with a message holding every `fragment`, and
+// "latest" falls back to the first.
+class DamagedCheckpointTest : public CheckpointTest {
+ protected:
+  void ExpectRefusedWithFallback(const std::function<void(const std::string&)>& damage,
+                                 absl::StatusCode code, const std::vector<std::string>& fragments,
+                                 ShardOptions restore_as = Options()) {
+    Checkpointer checkpointer(&shard_, Opts());
+    Train(0, 5);
+    auto first = Take(checkpointer);
+    ASSERT_OK(first);
+    const Contents at_first = ContentsOf(shard_);
+    Train(5, 10);
+    auto second = Take(checkpointer);
+    ASSERT_OK(second);
+    damage(second->path());
+
+    auto refused = Restored(second->path(), restore_as);
+    EXPECT_EQ(refused.status().code(), code) << refused.status();
+    for (const std::string& f : fragments) {
+      EXPECT_NE(refused.status().message().find(f), std::string::npos)
+          << "'" << f << "' not in: " << refused.status();
+    }
+    if (restore_as.shard_index != Options().shard_index ||
+        restore_as.shard_count != Options().shard_count) {
+      return;  // every checkpoint here is another shard's
+    }
+    auto latest = Restored("latest");
+    ASSERT_OK(latest);
+    EXPECT_EQ(ContentsOf(**latest), at_first);
+    v1::GetShardInfoResponse info;
+    (*latest)->GetShardInfo(&info);
+    EXPECT_EQ(info.restored_from(), first->path());
+  }
+  static std::string TableFile(const std::string& checkpoint) {
+    return JoinPath(checkpoint, "table-adam_fp16.rows");
+  }
+};
+
+TEST_F(DamagedCheckpointTest, FlippedByteInATableFileIsRefusedNamingTheFile) {
+  ExpectRefusedWithFallback([](const std::string& p) { FlipByte(TableFile(p), 100); },
+                            absl::StatusCode::kDataLoss,
+                            {"table-adam_fp16.rows", "CRC32C mismatch"});
+}
+
+TEST_F(DamagedCheckpointTest, TruncatedTableFileIsRefusedNamingTheFile) {
+  ExpectRefusedWithFallback(
+      [](const std::string& p) { Truncate(TableFile(p), *FileSystem::Posix()->FileSize(TableFile(p)) - 10); },
+      absl::StatusCode::kDataLoss, {"table-adam_fp16.rows", "truncated"});
+}
+
+TEST_F(DamagedCheckpointTest, MissingTableFileIsRefusedNamingTheFile) {
+  ExpectRefusedWithFallback([](const std::string& p) { std::remove(TableFile(p).c_str()); },
+                            absl::StatusCode::kNotFound, {"table-adam_fp16.rows"});
+}
+
+TEST_F(DamagedCheckpointTest, FlippedByteInTheManifestIsRefused) {
+  ExpectRefusedWithFallback([](const std::string& p) { FlipByte(JoinPath(p, "MANIFEST"), 30); },
+                            absl::StatusCode::kDataLoss, {"MANIFEST", "CRC32C mismatch"});
+}
+
+TEST_F(DamagedCheckpointTest, TruncatedManifestIsRefused) {
+  ExpectRefusedWithFallback([](const std::string& p) { Truncate(JoinPath(p, "MANIFEST"), 40); },
+                            absl::StatusCode::kDataLoss, {"MANIFEST", "truncated or corrupted"});
+}
+
+TEST_F(DamagedCheckpointTest, BlockCountBeyondTheFileIsRefusedBeforeAnyAllocation) {
+  // The first block's row count, at offset 32 + 8, set to 2^32 rows.
+  ExpectRefusedWithFallback([](const std::string& p) { WriteU32(TableFile(p), 44, 1); },
+                            absl::StatusCode::kDataLoss,
+                            {"table-adam_fp16.rows", "does not fit"});
+}
+
+TEST_F(DamagedCheckpointTest, OtherFormatVersionOfTheManifestIsRefused) {
+  ExpectRefusedWithFallback(
+      [](const std::string& p) {
+        auto m = ReadManifest(FileSystem::Posix(), p);
+        ASSERT_OK(m);
+        m->set_format_version(2);
+        ASSERT_OK(WriteManifest(FileSystem::Posix(), p, *m));
+      },
+      absl::StatusCode::kFailedPrecondition, {"MANIFEST", "format version 2", "reads version 1"});
+}
+
+TEST_F(DamagedCheckpointTest, OtherFormatVersionOfATableFileIsRefused) {
+  ExpectRefusedWithFallback([](const std::string& p) { WriteU32(TableFile(p), 8, 2); },
+                            absl::StatusCode::kFailedPrecondition,
+                            {"table-adam_fp16.rows", "format version 2"});
+}
+
+TEST_F(DamagedCheckpointTest, CheckpointOfAnotherShardIndexIsRefused) {
+  ExpectRefusedWithFallback([](const std::string&) {}, absl::StatusCode::kFailedPrecondition,
+                            {"written by shard 0 of 2, this is shard 1 of 2"}, Options(1, 2));
+}
+
+TEST_F(DamagedCheckpointTest, CheckpointOfAnotherShardCountIsRefused) {
+  ExpectRefusedWithFallback([](const std::string&) {}, absl::StatusCode::kFailedPrecondition,
+                            {"written by shard 0 of 2, this is shard 0 of 3"}, Options(0, 3));
+}
+
+TEST_F(CheckpointTest, LatestWithNothingValidFailsListingWhyEachWasRefused) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 3);
+  auto taken = Take(checkpointer);
+  ASSERT_OK(taken);
+  FlipByte(JoinPath(taken->path(), "MANIFEST"), 25);
+  auto restored = Restored("latest");
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss) << restored.status();
+  EXPECT_NE(restored.status().message().find("no checkpoint in"), std::string::npos)
+      << restored.status();
+  EXPECT_NE(restored.status().message().find("CRC32C mismatch"), std::string::npos)
+      << restored.status();
+}
+
+TEST_F(CheckpointTest, LatestInAnEmptyDirectoryStartsEmpty) {
+  Shard shard(Options());
+  Checkpointer c(&shard, Opts());
+  auto from = c.Restore("latest");
+  ASSERT_OK(from);
+  EXPECT_EQ(*from, "");
+}
+
+// Fails the n-th file operation that writes (create, append, sync, close,
+// mkdir, rename, directory sync), as a full disk or an I/O error would.
+class FailingFileSystem final : public FileSystem {
+ public:
+  explicit FailingFileSystem(int fail_at) : fail_at_(fail_at) {}
+  int operations() const { return count_; }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    EMBER_RETURN_IF_ERROR(Tick("create", path));
+    EMBER_ASSIGN_OR_RETURN(auto file, base_->NewWritableFile(path));
+    return std::unique_ptr<WritableFile>(new File(this, path, std::move(file)));
+  }
+  absl::StatusOr<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& p) override {
+    return base_->NewSequentialFile(p);
+  }
+  absl::StatusOr<uint64_t> FileSize(const std::string& p) override { return base_->FileSize(p); }
+  absl::Status CreateDirs(const std::string& p) override {
+    EMBER_RETURN_IF_ERROR(Tick("mkdir", p));
+    return base_->CreateDirs(p);
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    EMBER_RETURN_IF_ERROR(Tick("rename", from));
+    return base_->Rename(from, to);
+  }
+  absl::Status SyncDir(const std::string& p) override {
+    EMBER_RETURN_IF_ERROR(Tick("sync dir", p));
+    return base_->SyncDir(p);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& p) override {
+    return base_->ListDir(p);
+  }
+  bool IsDirectory(const std::string& p) override { return base_->IsDirectory(p); }
+  absl::Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+
+ private:
+  class File final : public WritableFile {
+   public:
+    File(FailingFileSystem* fs, std::string path, std::unique_ptr<WritableFile> base)
+        : fs_(fs), path_(std::move(path)), base_(std::move(base)) {}
+    absl::Status Append(absl::string_view d) override {
+      EMBER_RETURN_IF_ERROR(fs_->Tick("append", path_));
+      return base_->Append(d);
+    }
+    absl::Status Sync() override {
+      EMBER_RETURN_IF_ERROR(fs_->Tick("sync", path_));
+      return base_->Sync();
+    }
+    absl::Status Close() override {
+      EMBER_RETURN_IF_ERROR(fs_->Tick("close", path_));
+      return base_->Close();
+    }
+
+   private:
+    FailingFileSystem* fs_;
+    std::string path_;
+    std::unique_ptr<WritableFile> base_;
+  };
+  absl::Status Tick(absl::string_view op, const std::string& path) {
+    if (++count_ == fail_at_) {
+      return absl::ResourceExhaustedError(absl::StrCat("injected failure of ", op, " '", path, "'"));
+    }
+    return absl::OkStatus();
+  }
+  FileSystem* base_ = FileSystem::Posix();
+  const int fail_at_;
+  int count_ = 0;
+};
+
+TEST_F(CheckpointTest, FailureOfAnyWriteLeavesThePreviousCheckpointLatestAndNextIsFull) {
+  {
+    Checkpointer good(&shard_, Opts());
+    Train(0, 5);
+    ASSERT_OK(Take(good));
+  }
+  const Contents at_first = ContentsOf(shard_);
+  Train(5, 8);
+  int operations = 0;
+  for (int fail_at = 1;; ++fail_at) {
+    ASSERT_LT(fail_at, 500) << "the checkpoint never succeeded";
+    FailingFileSystem fs(fail_at);
+    Checkpointer checkpointer(&shard_, Opts(), &fs);
+    auto taken = Take(checkpointer, /*incremental=*/true);
+    if (taken.ok()) {
+      operations = fail_at - 1;
+      break;
+    }
+    EXPECT_NE(taken.status().message().find("injected failure"), std::string::npos)
+        << taken.status();
+    // Nothing half-written is visible: only the first checkpoint lists.
+    CheckpointListing listing = ListCheckpointDirectory(FileSystem::Posix(), dir_);
+    ASSERT_EQ(listing.valid.size(), 1u) << "after failing operation " << fail_at;
+    EXPECT_TRUE(listing.invalid.empty()) << listing.invalid[0];
+    auto latest = Restored("latest");
+    ASSERT_OK(latest);
+    EXPECT_EQ(ContentsOf(**latest), at_first) << "after failing operation " << fail_at;
+    // The failed checkpoint's snapshot marked rows clean: the next one of
+    // this checkpointer must be full, or it would miss them.
+    auto next = Take(checkpointer, /*incremental=*/true);
+    if (next.ok()) {
+      EXPECT_EQ(next->manifest().kind(), v1::CHECKPOINT_KIND_FULL);
+      ASSERT_OK(FileSystem::Posix()->RemoveAll(next->path()));
+    }
+  }
+  EXPECT_GT(operations, 20);  // every file's create, appends, sync, close; dirs; rename
+}
+
+TEST_F(CheckpointTest, OldCheckpointsBeyondKeepAreDeletedWithTheirDeltas) {
+  CheckpointerOptions o = Opts();
+  o.keep = 2;
+  Checkpointer checkpointer(&shard_, o);
+  std::vector<std::string> ids;
+  // full, delta, full, delta, full: keeping 2 fulls keeps the last three.
+  for (int i = 0; i < 5; ++i) {
+    Train(i, i + 1);
+    auto taken = Take(checkpointer, i % 2 == 1);
+    ASSERT_OK(taken);
+    ids.push_back(taken->manifest().id());
+  }
+  CheckpointListing listing = ListCheckpointDirectory(FileSystem::Posix(), dir_);
+  std::vector<std::string> kept;
+  for (const auto& m : listing.valid) kept.push_back(m.id());
+  EXPECT_EQ(kept, (std::vector<std::string>{ids[2], ids[3], ids[4]}));
 }
 
 }  // namespace
