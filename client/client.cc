@@ -5,6 +5,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/key_hash.h"
 #include "common/status_macros.h"
@@ -78,6 +79,9 @@ class Client::Impl {
   std::string ShardName(uint32_t shard) const {
     return absl::StrCat("shard ", shard, " (", options.shards[shard], ")");
   }
+
+  absl::Status ShardInfos(absl::Duration timeout, bool wait_for_ready,
+                          std::vector<v1::GetShardInfoResponse>* infos);
 
   // Sends requests[i] to every shard i with active[i], in parallel, each
   // attempt with its own deadline; retries UNAVAILABLE ones with backoff
@@ -177,6 +181,18 @@ class Client::Impl {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
+absl::Status Client::Impl::ShardInfos(absl::Duration timeout, bool wait_for_ready,
+                                      std::vector<v1::GetShardInfoResponse>* infos) {
+  std::vector<v1::GetShardInfoRequest> requests(options.shards.size());
+  return CallShards(
+      "GetShardInfo", absl::MakeConstSpan(requests), All(), infos, timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::GetShardInfoRequest* req,
+          v1::GetShardInfoResponse* resp, std::function<void(grpc::Status)> done) {
+        ctx->set_wait_for_ready(wait_for_ready);
+        admin[shard]->async()->GetShardInfo(ctx, req, resp, std::move(done));
+      });
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   EMBER_RETURN_IF_ERROR(options.Validate());
   auto impl = std::make_unique<Impl>();
@@ -195,15 +211,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
     impl->admin.push_back(v1::AdminService::NewStub(channel));
   }
-  std::vector<v1::GetShardInfoRequest> requests(options.shards.size());
   std::vector<v1::GetShardInfoResponse> infos;
-  EMBER_RETURN_IF_ERROR(impl->CallShards(
-      "GetShardInfo", absl::MakeConstSpan(requests), impl->All(), &infos, options.connect_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::GetShardInfoRequest* req,
-          v1::GetShardInfoResponse* resp, std::function<void(grpc::Status)> done) {
-        ctx->set_wait_for_ready(true);  // the shard may still be starting
-        impl->admin[shard]->async()->GetShardInfo(ctx, req, resp, std::move(done));
-      }));
+  // wait_for_ready: a shard may still be starting.
+  EMBER_RETURN_IF_ERROR(impl->ShardInfos(options.connect_timeout, /*wait_for_ready=*/true, &infos));
   const uint32_t n = static_cast<uint32_t>(options.shards.size());
   for (uint32_t i = 0; i < n; ++i) {
     const v1::GetShardInfoResponse& info = infos[i];
@@ -349,6 +359,51 @@ absl::Status Client::UnregisterWorker(uint32_t worker_id) {
           v1::UnregisterWorkerResponse* resp, std::function<void(grpc::Status)> done) {
         impl_->embedding[shard]->async()->UnregisterWorker(ctx, req, resp, std::move(done));
       });
+}
+
+absl::StatusOr<std::vector<v1::GetShardInfoResponse>> Client::ShardInfos() {
+  std::vector<v1::GetShardInfoResponse> infos;
+  EMBER_RETURN_IF_ERROR(impl_->ShardInfos(impl_->options.rpc_timeout, false, &infos));
+  return infos;
+}
+
+absl::StatusOr<ClusterCheckpoint> Client::Checkpoint(const CheckpointOptions& options) {
+  constexpr int kTries = 3;
+  for (int attempt = 0;; ++attempt) {
+    int64_t step = -1;
+    if (options.step.has_value()) {
+      step = *options.step;
+    } else {
+      EMBER_ASSIGN_OR_RETURN(std::vector<v1::GetShardInfoResponse> infos, ShardInfos());
+      for (const auto& info : infos) {
+        for (const auto& w : info.workers()) step = std::max(step, w.applied_step());
+      }
+      if (attempt > 0) step += 2;  // workers moved on: cut a little ahead of them
+    }
+    ClusterCheckpoint out;
+    out.step = step;
+    out.id = options.id.empty()
+                 ? absl::StrCat("cluster-", step, "-", absl::ToUnixMillis(absl::Now()))
+                 : options.id;
+    std::vector<v1::CheckpointRequest> requests(shard_count());
+    for (auto& r : requests) {
+      r.set_id(out.id);
+      r.set_step(step);
+      r.set_incremental(options.incremental);
+    }
+    absl::Status s = impl_->CallShards(
+        "Checkpoint", absl::MakeConstSpan(requests), impl_->All(), &out.shards, options.timeout,
+        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::CheckpointRequest* req,
+            v1::CheckpointResponse* resp, std::function<void(grpc::Status)> done) {
+          impl_->admin[shard]->async()->Checkpoint(ctx, req, resp, std::move(done));
+        });
+    const bool passed = absl::IsFailedPrecondition(s) &&
+                        absl::StrContains(s.message(), "has already pushed step");
+    if (s.ok() || !passed || options.step.has_value() || attempt + 1 == kTries) {
+      if (!s.ok()) return s;
+      return out;
+    }
+  }
 }
 
 absl::StatusOr<std::vector<float>> Client::LookupRows(const std::string& table,

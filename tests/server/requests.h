@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/key_hash.h"
@@ -32,6 +33,36 @@ inline v1::TableConfig CountingTable(const std::string& name, uint32_t dim) {
   c.mutable_initializer()->mutable_zeros();
   c.mutable_optimizer()->mutable_sgd()->set_learning_rate(1.0f);
   return c;
+}
+
+// Every optimizer with every storage dtype, one table each, named
+// "<optimizer>_<dtype>" ("adam_fp16").
+inline std::vector<v1::TableConfig> EveryOptimizerAndDtype(uint32_t dim) {
+  std::vector<v1::TableConfig> out;
+  const std::pair<const char*, v1::DType> dtypes[] = {
+      {"fp32", v1::DTYPE_FP32}, {"fp16", v1::DTYPE_FP16}, {"bf16", v1::DTYPE_BF16}};
+  for (const std::string opt : {"sgd", "adagrad", "adam", "ftrl"}) {
+    for (const auto& [dname, dtype] : dtypes) {
+      v1::TableConfig c;
+      c.set_name(opt + "_" + dname);
+      c.set_dim(dim);
+      c.set_dtype(dtype);
+      c.mutable_initializer()->mutable_uniform()->set_min(-0.1f);
+      c.mutable_initializer()->mutable_uniform()->set_max(0.1f);
+      c.mutable_initializer()->set_seed(11);
+      v1::Optimizer* o = c.mutable_optimizer();
+      if (opt == "sgd") o->mutable_sgd()->set_learning_rate(0.05f);
+      if (opt == "adagrad") o->mutable_adagrad()->set_learning_rate(0.05f);
+      if (opt == "adam") o->mutable_adam()->set_learning_rate(0.01f);
+      if (opt == "ftrl") {
+        o->mutable_ftrl()->set_learning_rate(0.05f);
+        o->mutable_ftrl()->set_l1(0.001f);
+        o->mutable_ftrl()->set_l2(0.001f);
+      }
+      out.push_back(c);
+    }
+  }
+  return out;
 }
 
 // Keys owned by `shard` of `count`, in a fixed pseudo-random order.

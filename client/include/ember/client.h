@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,27 @@ struct ShardCall {
   absl::StatusCode code = absl::StatusCode::kOk;
 };
 
+// A cluster-wide checkpoint (Client::Checkpoint).
+struct CheckpointOptions {
+  // The checkpoint's name on every shard (see CheckpointRequest.id); empty:
+  // "cluster-<step>-<unix milliseconds>".
+  std::string id;
+  // The cut on every shard. Unset: the latest step any worker has applied
+  // on any shard; if a worker gets past it before every shard has cut, the
+  // cut moves two steps further (up to 3 tries).
+  std::optional<int64_t> step;
+  // Deltas on each shard's previous checkpoint (CheckpointRequest.incremental).
+  bool incremental = false;
+  // Deadline of each shard's call: the wait for the cut plus the write.
+  absl::Duration timeout = absl::Minutes(5);
+};
+
+struct ClusterCheckpoint {
+  int64_t step = -1;
+  std::string id;
+  std::vector<v1::CheckpointResponse> shards;  // shard i's answer at i
+};
+
 class Client {
  public:
   // Connects to every shard and checks that shard i reports index i of
@@ -100,6 +122,15 @@ class Client {
   // On every shard.
   absl::Status RegisterWorker(uint32_t worker_id, int64_t first_step);
   absl::Status UnregisterWorker(uint32_t worker_id);
+
+  // Takes a checkpoint of every shard at one step, all shards in parallel,
+  // all under the same id: together they are one consistent state of the
+  // cluster (restore every shard with --restore_from=<dir>/<id>). If a shard
+  // fails, the call fails naming it; the shards that succeeded keep their
+  // part, which is not a cluster checkpoint on its own.
+  absl::StatusOr<ClusterCheckpoint> Checkpoint(const CheckpointOptions& options = {});
+  // Every shard's GetShardInfo, shard i's at i.
+  absl::StatusOr<std::vector<v1::GetShardInfoResponse>> ShardInfos();
 
   // Convenience for tools and tests: rows of `keys` (dim floats each, in key
   // order) of one table, routed to their shards.

@@ -1,0 +1,296 @@
+// Checkpoints with real ember-server processes: a cluster trained, then
+// checkpointed, SIGKILLed and restored trains on exactly like one that never
+// stopped; and a shard killed while it writes a checkpoint always restores a
+// complete one.
+#include <csignal>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_system.h"
+#include "common/key_hash.h"
+#include "common/status_macros.h"
+#include "ember/client.h"
+#include "ember/step_pipeline.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "tests/server/requests.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace ember::testing {
+namespace {
+
+constexpr uint32_t kDim = 4;
+constexpr int kBatch = 8;
+const std::vector<v1::TableConfig> kTables = EveryOptimizerAndDtype(kDim);
+
+using Cluster = std::vector<std::unique_ptr<ServerProcess>>;
+
+absl::StatusOr<Cluster> StartCluster(int n, const std::vector<std::string>& per_shard_dir,
+                                     const std::vector<std::string>& extra) {
+  Cluster shards;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> args = {absl::StrCat("--shard_index=", i),
+                                     absl::StrCat("--shard_count=", n), "--worker_threads=2"};
+    if (!per_shard_dir.empty()) args.push_back("--checkpoint_dir=" + per_shard_dir[i]);
+    args.insert(args.end(), extra.begin(), extra.end());
+    EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ServerProcess> p, ServerProcess::Start(args));
+    shards.push_back(std::move(p));
+  }
+  return shards;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Connect(const Cluster& shards,
+                                                absl::Duration retry_budget = absl::Seconds(30)) {
+  ClientOptions o;
+  for (const auto& s : shards) o.shards.push_back(s->address());
+  o.rpc_timeout = absl::Seconds(30);
+  o.retry_budget = retry_budget;
+  return Client::Connect(o);
+}
+
+std::string TableConfigFile() {
+  const std::string path = ::testing::TempDir() + "/checkpoint_tables.textproto";
+  v1::TableConfigList list;
+  for (const auto& t : kTables) *list.add_tables() = t;
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(list, &text);
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = JoinPath(::testing::TempDir(), name);
+  EXPECT_OK(FileSystem::Posix()->RemoveAll(dir));
+  return dir;
+}
+
+// Worker w's keys of feature f: its own ids, so that two workers never
+// update one row in the same step (their order would change the floats).
+uint64_t KeyOf(uint32_t worker, size_t feature, uint64_t id) {
+  return Mix64(worker * 1000003ULL + feature * 10007ULL + id);
+}
+
+Batch MakeBatch(uint32_t worker, int64_t step) {
+  std::mt19937_64 rng(step * 7919 + worker);
+  Batch b;
+  for (size_t f = 0; f < kTables.size(); ++f) {
+    FeatureBatch fb;
+    fb.offsets = {0};
+    for (int i = 0; i < kBatch; ++i) {
+      const int n = 1 + static_cast<int>(rng() % 2);
+      for (int j = 0; j < n; ++j) fb.keys.push_back(KeyOf(worker, f, rng() % 60));
+      fb.offsets.push_back(static_cast<int64_t>(fb.keys.size()));
+    }
+    b.features.push_back(std::move(fb));
+  }
+  return b;
+}
+
+// Steps [begin, end) of one worker (synchronous, s = 0), then Flush.
+absl::Status Train(Client* client, uint32_t worker, int64_t begin, int64_t end,
+                   std::unique_ptr<StepPipeline>* out) {
+  PipelineOptions p;
+  p.worker_id = worker;
+  p.staleness = 0;
+  p.first_step = begin;
+  for (size_t f = 0; f < kTables.size(); ++f) {
+    p.features.push_back({kTables[f].name(), kTables[f].name(),
+                          f % 2 == 0 ? Combiner::kMean : Combiner::kSum});
+  }
+  EMBER_ASSIGN_OR_RETURN(*out, StepPipeline::Create(client, p));
+  StepPipeline& pipe = **out;
+  int64_t prefetched = begin;
+  for (int64_t t = begin; t < end; ++t) {
+    while (prefetched < end && prefetched <= t + pipe.prefetch_depth()) {
+      EMBER_RETURN_IF_ERROR(pipe.Prefetch(prefetched, MakeBatch(worker, prefetched)));
+      ++prefetched;
+    }
+    EMBER_ASSIGN_OR_RETURN(StepView view, pipe.Wait(t));
+    std::vector<std::vector<float>> grads;
+    for (const auto& pooled : view.pooled) {
+      std::vector<float> g(pooled.begin(), pooled.end());
+      for (float& x : g) x -= 0.25f;
+      grads.push_back(std::move(g));
+    }
+    EMBER_RETURN_IF_ERROR(pipe.Push(t, {grads.begin(), grads.end()}));
+  }
+  return pipe.Flush();
+}
+
+// Both workers in parallel.
+absl::Status TrainBoth(Client* client, int64_t begin, int64_t end,
+                       std::vector<std::unique_ptr<StepPipeline>>* pipes) {
+  pipes->resize(2);
+  absl::Status status[2];
+  std::thread t0([&] { status[0] = Train(client, 0, begin, end, &(*pipes)[0]); });
+  status[1] = Train(client, 1, begin, end, &(*pipes)[1]);
+  t0.join();
+  EMBER_RETURN_IF_ERROR(status[0]);
+  return status[1];
+}
+
+// Every row any worker can touch, per table.
+std::map<std::string, std::vector<float>> AllRows(Client* client) {
+  std::map<std::string, std::vector<float>> out;
+  for (size_t f = 0; f < kTables.size(); ++f) {
+    std::vector<uint64_t> keys;
+    for (uint32_t w : {0u, 1u}) {
+      for (uint64_t id = 0; id < 60; ++id) keys.push_back(KeyOf(w, f, id));
+    }
+    absl::StatusOr<std::vector<float>> rows = client->LookupRows(kTables[f].name(), keys);
+    EXPECT_OK(rows);
+    if (rows.ok()) out[kTables[f].name()] = *rows;
+  }
+  return out;
+}
+
+TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnUninterruptedOne) {
+  constexpr int64_t kHalf = 200;
+  const std::string config = "--table_config_file=" + TableConfigFile();
+  const std::vector<std::string> dirs = {FreshDir("roundtrip_shard0"), FreshDir("roundtrip_shard1")};
+
+  // The uninterrupted reference: 2 x kHalf steps.
+  absl::StatusOr<Cluster> reference = StartCluster(2, {}, {config});
+  ASSERT_OK(reference);
+  auto ref_client = Connect(*reference);
+  ASSERT_OK(ref_client);
+  std::vector<std::unique_ptr<StepPipeline>> ref_pipes;
+  ASSERT_OK(TrainBoth(ref_client->get(), 0, 2 * kHalf, &ref_pipes));
+  for (auto& p : ref_pipes) ASSERT_OK(p->Close());
+  const std::map<std::string, std::vector<float>> expected = AllRows(ref_client->get());
+
+  // kHalf steps, a cluster checkpoint while both workers are registered,
+  // SIGKILL, restore, kHalf more steps.
+  absl::StatusOr<Cluster> cluster = StartCluster(2, dirs, {config});
+  ASSERT_OK(cluster);
+  {
+    auto client = Connect(*cluster, absl::Milliseconds(500));
+    ASSERT_OK(client);
+    std::vector<std::unique_ptr<StepPipeline>> pipes;
+    ASSERT_OK(TrainBoth(client->get(), 0, kHalf, &pipes));
+    absl::StatusOr<ClusterCheckpoint> taken = (*client)->Checkpoint();
+    ASSERT_OK(taken);
+    EXPECT_EQ(taken->step, kHalf - 1);
+    for (const v1::CheckpointResponse& r : taken->shards) {
+      EXPECT_EQ(r.manifest().step(), kHalf - 1);
+      EXPECT_EQ(r.manifest().workers_size(), 2);
+      EXPECT_EQ(r.manifest().tables_size(), static_cast<int>(kTables.size()));
+    }
+    for (auto& shard : *cluster) ASSERT_OK(shard->Stop(SIGKILL, absl::Seconds(10)));
+    pipes.clear();  // their shards are gone: closing fails after the short retry budget
+  }
+  absl::StatusOr<Cluster> restored = StartCluster(2, dirs, {config, "--restore_from=latest"});
+  ASSERT_OK(restored);
+  auto client = Connect(*restored);
+  ASSERT_OK(client);
+  auto infos = (*client)->ShardInfos();
+  ASSERT_OK(infos);
+  for (const auto& info : *infos) {
+    EXPECT_NE(info.restored_from(), "") << "shard " << info.shard_index();
+    ASSERT_EQ(info.workers_size(), 2) << "the clock was not restored";
+    EXPECT_EQ(info.workers(0).applied_step(), kHalf - 1);
+    EXPECT_EQ(info.workers(1).applied_step(), kHalf - 1);
+  }
+  std::vector<std::unique_ptr<StepPipeline>> pipes;
+  ASSERT_OK(TrainBoth(client->get(), kHalf, 2 * kHalf, &pipes));
+  for (auto& p : pipes) ASSERT_OK(p->Close());
+  const std::map<std::string, std::vector<float>> actual = AllRows(client->get());
+  for (const auto& t : kTables) {
+    EXPECT_EQ(actual.at(t.name()), expected.at(t.name())) << "table " << t.name();
+  }
+}
+
+TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOldOrTheNewOne) {
+  const std::string dir = FreshDir("kill_during_write");
+  constexpr size_t kRows = 300000;
+  constexpr int kRounds = 8;
+  v1::TableConfig table = AdagradTable("big", 16);
+  const std::string config_path = ::testing::TempDir() + "/kill_tables.textproto";
+  {
+    v1::TableConfigList list;
+    *list.add_tables() = table;
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(list, &text);
+    std::ofstream(config_path) << text;
+  }
+  const std::vector<std::string> flags = {"--table_config_file=" + config_path,
+                                          "--restore_from=latest", "--checkpoint_keep=0"};
+  // A short retry budget: the checkpoint call of a killed shard fails at
+  // once instead of retrying for the default 30 s.
+  const absl::Duration budget = absl::Milliseconds(300);
+  absl::StatusOr<Cluster> shard = StartCluster(1, {dir}, flags);
+  ASSERT_OK(shard);
+  auto client = Connect(*shard, budget);
+  ASSERT_OK(client);
+  std::vector<uint64_t> keys(kRows);
+  for (size_t i = 0; i < kRows; ++i) keys[i] = Mix64(i);
+  {
+    std::vector<v1::PushRequest> push(1);
+    AddGradients(&push[0], "big", keys, std::vector<float>(kRows * 16, 0.5f));
+    std::vector<v1::PushResponse> pushed;
+    ASSERT_OK((*client)->Push(push, &pushed));
+  }
+  const std::vector<uint64_t> sample(keys.begin(), keys.begin() + 500);
+  std::map<std::string, std::vector<float>> expected;  // checkpoint id -> sample rows
+  auto checkpoint = [&](Client* c, const std::string& id) {
+    CheckpointOptions o;
+    o.id = id;
+    return c->Checkpoint(o);
+  };
+  {
+    auto rows = (*client)->LookupRows("big", sample);
+    ASSERT_OK(rows);
+    expected["round-0"] = *rows;
+    ASSERT_OK(checkpoint(client->get(), "round-0"));
+  }
+  std::mt19937 rng(2026);
+  std::string last_complete = "round-0";
+  int old_restored = 0, new_restored = 0;
+  for (int round = 1; round <= kRounds; ++round) {
+    // Change the sample (and more) so that every checkpoint differs.
+    std::vector<uint64_t> changed(keys.begin(), keys.begin() + 5000);
+    std::vector<v1::PushRequest> push(1);
+    AddGradients(&push[0], "big", changed,
+                 std::vector<float>(changed.size() * 16, 0.01f * static_cast<float>(round)));
+    std::vector<v1::PushResponse> pushed;
+    ASSERT_OK((*client)->Push(push, &pushed));
+    auto rows = (*client)->LookupRows("big", sample);
+    ASSERT_OK(rows);
+    const std::string id = absl::StrCat("round-", round);
+    expected[id] = *rows;
+
+    absl::StatusOr<ClusterCheckpoint> result;
+    std::thread writer([&] { result = checkpoint(client->get(), id); });
+    absl::SleepFor(absl::Milliseconds(rng() % 200));
+    ASSERT_OK((*shard)[0]->Stop(SIGKILL, absl::Seconds(10)));
+    writer.join();
+    client->reset();
+    shard = StartCluster(1, {dir}, flags);
+    ASSERT_OK(shard);
+    client = Connect(*shard, budget);
+    ASSERT_OK(client);
+    auto infos = (*client)->ShardInfos();
+    ASSERT_OK(infos);
+    const std::string from = (*infos)[0].restored_from();
+    const std::string restored_id = from.substr(from.rfind('/') + 1);
+    const std::string previous = last_complete;
+    std::printf("round %d: killed %s checkpoint '%s' finished; restored '%s'\n", round,
+                result.ok() ? "after" : "before", id.c_str(), restored_id.c_str());
+    ASSERT_TRUE(restored_id == id || restored_id == previous)
+        << "restored '" << restored_id << "', expected '" << id << "' or '" << previous << "'";
+    if (result.ok()) EXPECT_EQ(restored_id, id) << "an acknowledged checkpoint was lost";
+    (restored_id == id ? new_restored : old_restored)++;
+    auto now = (*client)->LookupRows("big", sample);
+    ASSERT_OK(now);
+    EXPECT_EQ(*now, expected.at(restored_id)) << "round " << round << ": rows are a mix";
+    last_complete = restored_id;
+  }
+  std::printf("%d rounds restored the new checkpoint, %d the previous one\n", new_restored,
+              old_restored);
+}
+
+}  // namespace
+}  // namespace ember::testing
