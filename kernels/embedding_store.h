@@ -151,6 +151,11 @@ class EmbeddingStore {
 
   virtual StoreStats Stats() const = 0;
 
+  // A hint that about `rows` more rows are coming (a restore knows how
+  // many), so that the store can size its index once instead of growing it
+  // step by step. May do nothing.
+  virtual void Reserve(uint64_t rows) { (void)rows; }
+
   // Checks the shapes and values of a push without applying it; the same
   // checks ApplyGradients makes. Lets a caller validate a multi-table request
   // before changing any table.

@@ -84,34 +84,39 @@ absl::Status TableFileWriter::Write(absl::string_view bytes) {
 absl::Status TableFileWriter::Append(const SnapshotBatch& batch) {
   const ExportedRows& r = batch.rows;
   const size_t n = r.keys.size();
-  if (n > 0) {
-    const size_t dim = config_.dim;
-    const size_t value_bytes = dim * DTypeSize(config_.dtype);
-    const size_t payload = n * RowBytes(config_, state_floats_, has_step_);
+  auto bytes_of = [](const auto& v, size_t count) {
+    return absl::string_view(reinterpret_cast<const char*>(v.data()), count * sizeof(v[0]));
+  };
+  auto block_header = [this](uint32_t kind, uint64_t count) {
     buffer_.clear();
-    buffer_.reserve(kBlockHeaderBytes + payload + 8);
-    PutU32(&buffer_, kRowsBlock);
+    PutU32(&buffer_, kind);
     PutU32(&buffer_, 0);
-    PutU64(&buffer_, n);
-    buffer_.append(reinterpret_cast<const char*>(r.keys.data()), n * 8);
-    const size_t values_at = buffer_.size();
-    buffer_.resize(values_at + n * value_bytes);
-    ConvertElements(r.values.data(), DType::kFp32, buffer_.data() + values_at, config_.dtype,
-                    n * dim);
-    buffer_.append(reinterpret_cast<const char*>(r.state.data()), n * state_floats_ * 4);
-    if (has_step_) buffer_.append(reinterpret_cast<const char*>(r.steps.data()), n * 4);
-    buffer_.append(reinterpret_cast<const char*>(r.scores.data()), n * 4);
-    buffer_.append(Pad8(buffer_.size()), '\0');
-    EMBER_RETURN_IF_ERROR(Write(buffer_));
+    PutU64(&buffer_, count);
+    return Write(buffer_);
+  };
+  if (n > 0) {
+    // The batch's arrays are written as they are (fp32 rows need no
+    // conversion), not assembled into one buffer first: one copy less.
+    const size_t dim = config_.dim;
+    EMBER_RETURN_IF_ERROR(block_header(kRowsBlock, n));
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.keys, n)));
+    if (config_.dtype == DType::kFp32) {
+      EMBER_RETURN_IF_ERROR(Write(bytes_of(r.values, n * dim)));
+    } else {
+      std::string converted(n * dim * DTypeSize(config_.dtype), '\0');
+      ConvertElements(r.values.data(), DType::kFp32, converted.data(), config_.dtype, n * dim);
+      EMBER_RETURN_IF_ERROR(Write(converted));
+    }
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.state, n * state_floats_)));
+    if (has_step_) EMBER_RETURN_IF_ERROR(Write(bytes_of(r.steps, n)));
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.scores, n)));
+    const size_t payload = n * RowBytes(config_, state_floats_, has_step_);
+    EMBER_RETURN_IF_ERROR(Write(std::string(Pad8(kBlockHeaderBytes + payload), '\0')));
     rows_ += n;
   }
   if (!batch.removed.empty()) {
-    buffer_.clear();
-    PutU32(&buffer_, kRemovedBlock);
-    PutU32(&buffer_, 0);
-    PutU64(&buffer_, batch.removed.size());
-    buffer_.append(reinterpret_cast<const char*>(batch.removed.data()), batch.removed.size() * 8);
-    EMBER_RETURN_IF_ERROR(Write(buffer_));
+    EMBER_RETURN_IF_ERROR(block_header(kRemovedBlock, batch.removed.size()));
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(batch.removed, batch.removed.size())));
     removed_ += batch.removed.size();
   }
   return absl::OkStatus();

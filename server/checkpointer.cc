@@ -329,6 +329,7 @@ absl::Status LoadTableFile(FileSystem* fs, const std::string& path,
                            EmbeddingStore* store) {
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TableFileReader> reader,
                          TableFileReader::Open(fs, path, entry, config));
+  store->Reserve(entry.rows());
   SnapshotBatch batch;
   bool done = false;
   while (true) {

@@ -269,8 +269,8 @@ void CpuStore::EvictOne(Stripe& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   evictions_.fetch_add(1, std::memory_order_relaxed);
 }
 
-uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock,
+                            bool initialize) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (s.size >= s.capacity) {
     if (config().eviction == EvictionPolicy::kNone || config().capacity == 0 || s.size == 0) {
       insert_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -293,6 +293,15 @@ uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t cl
   memcpy(record, &key, 8);
   *ScoreOf(record) = config().eviction == EvictionPolicy::kLfu ? 0 : clock;
   if (has_step_) *StepOf(record) = 0;
+  if (initialize) InitializeRow(record, key);
+  PlaceEntry(s, hash, row);
+  MarkChanged(s, row, key);
+  rows_.fetch_add(1, std::memory_order_relaxed);
+  inserts_.fetch_add(1, std::memory_order_relaxed);
+  return row;
+}
+
+void CpuStore::InitializeRow(uint8_t* record, uint64_t key) const {
   init::InitialRow(config().initializer, key, dim_, dtype_, record + value_offset_);
   float* state = reinterpret_cast<float*>(record + state_offset_);
   const OptimizerConfig& o = config().optimizer;
@@ -305,11 +314,6 @@ uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t cl
       std::fill(state + dim_, state + 2 * dim_, o.initial_accumulator);  // n
       break;
   }
-  PlaceEntry(s, hash, row);
-  MarkChanged(s, row, key);
-  rows_.fetch_add(1, std::memory_order_relaxed);
-  inserts_.fetch_add(1, std::memory_order_relaxed);
-  return row;
 }
 
 void CpuStore::MarkChanged(Stripe& s, uint32_t row, uint64_t key) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -636,6 +640,11 @@ void CpuStore::ForEachKeyLocked(absl::Span<const uint64_t> keys, Fn fn) {
       if (begin == end) continue;
       Stripe& s = stripes_[si];
       WriterLock lock(&s.mu);
+      // Request every key's index line before the first probe, so that the
+      // misses overlap (a restore inserts millions of keys through here).
+      if (s.index) {
+        for (uint32_t k = begin; k < end; ++k) Prefetch(&s.index[b.slots[k].hash & s.index_mask]);
+      }
       for (uint32_t k = begin; k < end; ++k) fn(s, b.slots[k]);
     }
   }
@@ -687,7 +696,7 @@ absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
   ForEachKeyLocked(rows.keys, [&](Stripe& s, const Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const uint64_t key = rows.keys[slot.pos];
     uint32_t r = FindRow(s, key, slot.hash);
-    if (r == kNoRow) r = InsertRow(s, key, slot.hash, clock);
+    if (r == kNoRow) r = InsertRow(s, key, slot.hash, clock, /*initialize=*/false);
     if (r == kNoRow) {
       ++failed;
       return;
@@ -708,7 +717,8 @@ absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
 }
 
 absl::Status CpuStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
-                                    SnapshotBatch* out) {
+                                    SnapshotBatch* out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::lock_guard<std::mutex> one_snapshot(snapshot_mu_);
   if (kind == SnapshotKind::kDelta && !tracking_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "table '", config().name, "': no snapshot was taken before, so no changes are tracked; "
@@ -720,15 +730,37 @@ absl::Status CpuStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, siz
   uint32_t si = static_cast<uint32_t>(cursor->position);
   for (; si < num_stripes_ && out->rows.keys.size() < max_rows; ++si) {
     Stripe& s = stripes_[si];
-    // The writer lock makes the stripe's copy and its marking clean one step
-    // for inserting lookups too (pushes are held off by the caller).
-    WriterLock lock(&s.mu);
+    // A shared lock: lookups of the stripe go on during its copy, inserts
+    // and pushes wait. The change-tracking state is written here under the
+    // shared lock; that is safe because every other writer of it holds the
+    // lock exclusively, readers never touch it, and snapshot_mu_ keeps
+    // snapshots apart.
+    ReaderLock lock(&s.mu);
     ExportedRows& rows = out->rows;
     if (kind == SnapshotKind::kFull) {
-      rows.keys.reserve(rows.keys.size() + s.size);
-      rows.values.reserve(rows.values.size() + size_t{s.size} * dim_);
-      rows.state.reserve(rows.state.size() + size_t{s.size} * state_floats_);
-      for (uint32_t r = 0; r < s.size; ++r) AppendRow(Record(s, r), &rows);
+      // Sized once and filled in place: a full copy runs at memory speed,
+      // and pushes are held while it runs.
+      const size_t base = rows.keys.size();
+      const size_t n = s.size;
+      rows.keys.resize(base + n);
+      rows.values.resize((base + n) * dim_);
+      rows.state.resize((base + n) * state_floats_);
+      rows.steps.resize(base + n);
+      rows.scores.resize(base + n);
+      for (size_t r = 0; r < n; ++r) {
+        const uint8_t* rec = Record(s, static_cast<uint32_t>(r));
+        const size_t i = base + r;
+        rows.keys[i] = RecordKey(rec);
+        if (dtype_ == DType::kFp32) {
+          memcpy(&rows.values[i * dim_], rec + value_offset_, value_bytes_);
+        } else {
+          ConvertElements(rec + value_offset_, dtype_, &rows.values[i * dim_], DType::kFp32, dim_);
+        }
+        memcpy(&rows.state[i * state_floats_], rec + state_offset_, state_floats_ * sizeof(float));
+        rows.steps[i] = has_step_ ? *StepOf(const_cast<uint8_t*>(rec)) : 0;
+        rows.scores[i] = std::atomic_ref<uint32_t>(*ScoreOf(const_cast<uint8_t*>(rec)))
+                             .load(std::memory_order_relaxed);
+      }
       std::fill(s.dirty.begin(), s.dirty.end(), 0);
     } else {
       const size_t removed_before = out->removed.size();
@@ -755,6 +787,20 @@ absl::Status CpuStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, siz
   cursor->position = si;
   cursor->done = si >= num_stripes_;
   return absl::OkStatus();
+}
+
+void CpuStore::Reserve(uint64_t rows) {
+  // Keys spread evenly over stripes by hash; a little slack for the spread.
+  const uint64_t per_stripe = rows / num_stripes_ + rows / num_stripes_ / 16 + 16;
+  for (uint32_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = stripes_[si];
+    WriterLock lock(&s.mu);
+    const uint64_t want = std::min<uint64_t>(s.size + per_stripe, s.capacity);
+    const size_t index_size = s.index ? s.index_mask + 1 : 0;
+    const size_t needed = std::bit_ceil(std::max<size_t>(kMinIndexSize, (want * 4 + 2) / 3 + 1));
+    if (needed > index_size) GrowIndex(s, needed);
+    s.chunks.reserve((want >> chunk_shift_) + 1);
+  }
 }
 
 StoreStats CpuStore::Stats() const {

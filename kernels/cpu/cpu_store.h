@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "absl/status/statusor.h"
 #include "kernels/embedding_store.h"
@@ -51,6 +52,7 @@ class CpuStore final : public EmbeddingStore {
   ~CpuStore() override;
 
   StoreStats Stats() const override;
+  void Reserve(uint64_t rows) override;
 
   uint32_t num_stripes() const { return num_stripes_; }
   // Bytes of one row record (key, score, step, row, state).
@@ -80,15 +82,19 @@ class CpuStore final : public EmbeddingStore {
   uint32_t FindRow(const Stripe& s, uint64_t key, uint64_t hash) const;
   uint32_t FirstCandidate(const Stripe& s, uint64_t hash) const;
   uint32_t SlotOfRow(const Stripe& s, uint64_t hash, uint32_t row) const;
-  // Inserts an absent key; returns its row, or kNoRow if the stripe is full
-  // and may not evict.
-  uint32_t InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock);
+  // Inserts an absent key with its initial row and state (or, with
+  // `initialize` false, with whatever the caller writes next); returns its
+  // row, or kNoRow if the stripe is full and may not evict.
+  uint32_t InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock,
+                     bool initialize = true);
   void EvictOne(Stripe& s);
   void RemoveRow(Stripe& s, uint32_t row);
   void DeleteSlot(Stripe& s, size_t slot);
   void GrowIndex(Stripe& s, size_t new_size);
   void PlaceEntry(Stripe& s, uint64_t hash, uint32_t row);
   void Touch(uint8_t* record, uint32_t clock) const;
+  // Writes the key's initial row and the optimizer's initial state.
+  void InitializeRow(uint8_t* record, uint64_t key) const;
   // Change tracking (on once tracking_ is set): the row was inserted or
   // updated; the row is about to be removed (and `last` moved into it).
   void MarkChanged(Stripe& s, uint32_t row, uint64_t key);
@@ -123,6 +129,7 @@ class CpuStore final : public EmbeddingStore {
   std::atomic<uint32_t> clock_{0};
   // Set by the first snapshot; changes are tracked from then on.
   std::atomic<bool> tracking_{false};
+  std::mutex snapshot_mu_;  // one Snapshot call at a time
   std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> memory_bytes_{0};
   std::atomic<uint64_t> inserts_{0};

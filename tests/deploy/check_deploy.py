@@ -76,6 +76,11 @@ def check_shards(docs, label):
     mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
     check("data" in claims and mounts.get("data") == "/var/lib/ember",
           f"{label}: a PersistentVolumeClaim template mounted at /var/lib/ember")
+    args = c.get("args", [])
+    ckpt = [a.split("=", 1)[1] for a in args if a.startswith("--checkpoint_dir=")]
+    check(len(ckpt) == 1 and ckpt[0].startswith(mounts.get("data", "?") + "/"),
+          f"{label}: --checkpoint_dir is on the PersistentVolumeClaim ({ckpt})")
+    check("--restore_from=latest" in args, f"{label}: a restarted shard restores its latest checkpoint")
     # The table config: the generated ConfigMap (hashed name) holds the file
     # EMBER_TABLE_CONFIG names.
     cm = k["ConfigMap"][0]
