@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
-#include "server/table_config_proto.h"
+#include "kernels/table_config_proto.h"
 
 namespace ember {
 namespace {

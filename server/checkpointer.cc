@@ -13,7 +13,7 @@
 #include "common/key_hash.h"
 #include "common/status_macros.h"
 #include "server/checkpoint_format.h"
-#include "server/table_config_proto.h"
+#include "kernels/table_config_proto.h"
 #include "spdlog/spdlog.h"
 
 #ifndef EMBER_VERSION
@@ -289,17 +289,27 @@ namespace {
 // full one: base first. Checks each manifest against the shard.
 absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
                                                               const std::string& path,
-                                                              const ShardOptions& shard) {
+                                                              const ShardOptions* shard) {
   std::vector<v1::CheckpointManifest> chain;
   const std::string dir = ParentDir(path);
   std::string current = path;
   while (true) {
     EMBER_ASSIGN_OR_RETURN(v1::CheckpointManifest m, ReadManifest(fs, current));
     const std::string where = JoinPath(current, kManifestFileName);
-    if (m.shard_index() != shard.shard_index || m.shard_count() != shard.shard_count) {
+    // A delta's parents must be of the same shard as the delta.
+    const ShardOptions* expected = shard;
+    ShardOptions first;
+    if (expected == nullptr && !chain.empty()) {
+      first.shard_index = chain.front().shard_index();
+      first.shard_count = chain.front().shard_count();
+      expected = &first;
+    }
+    if (expected != nullptr &&
+        (m.shard_index() != expected->shard_index || m.shard_count() != expected->shard_count)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint file '", where, "': written by shard ", m.shard_index(), " of ",
-          m.shard_count(), ", this is shard ", shard.shard_index, " of ", shard.shard_count));
+          m.shard_count(), ", this is shard ", expected->shard_index, " of ",
+          expected->shard_count));
     }
     if (m.routing() != kRoutingName) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint file '", where, "': routing '",
@@ -389,6 +399,17 @@ absl::StatusOr<std::vector<RestoredTable>> LoadChain(
 
 }  // namespace
 
+absl::StatusOr<std::vector<RestoredTable>> LoadCheckpointTables(FileSystem* fs,
+                                                                const std::string& path,
+                                                                v1::CheckpointManifest* manifest) {
+  EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain,
+                         ReadChain(fs, path, /*shard=*/nullptr));
+  EMBER_ASSIGN_OR_RETURN(std::vector<RestoredTable> tables,
+                         LoadChain(fs, ParentDir(path), chain, StoreDevice{}));
+  if (manifest != nullptr) *manifest = chain.back();
+  return tables;
+}
+
 absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
   std::vector<std::string> candidates;
   std::vector<std::string> refused;
@@ -416,7 +437,7 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
     const absl::Time start = absl::Now();
     absl::Status s = [&]() -> absl::Status {
       EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain,
-                             ReadChain(fs_, path, shard_->options()));
+                             ReadChain(fs_, path, &shard_->options()));
       EMBER_ASSIGN_OR_RETURN(std::vector<RestoredTable> tables,
                              LoadChain(fs_, ParentDir(path), chain, shard_->options().device));
       std::map<uint32_t, int64_t> workers;

@@ -63,6 +63,13 @@ struct CheckpointListing {
 };
 CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& directory);
 
+// Loads the checkpoint at `path` (its whole chain verified, as a restore
+// does) into fresh host-memory stores, for tools such as ember-export; no
+// shard identity is checked. `manifest` (optional) receives its manifest.
+absl::StatusOr<std::vector<RestoredTable>> LoadCheckpointTables(FileSystem* fs,
+                                                                const std::string& path,
+                                                                v1::CheckpointManifest* manifest);
+
 class Checkpointer {
  public:
   // `shard` (and `fs`) must outlive the checkpointer. Removes temporary

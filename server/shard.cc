@@ -7,7 +7,7 @@
 #include "common/key_hash.h"
 #include "common/status_macros.h"
 #include "common/wire.h"
-#include "server/table_config_proto.h"
+#include "kernels/table_config_proto.h"
 
 #ifndef EMBER_VERSION
 #define EMBER_VERSION "dev"

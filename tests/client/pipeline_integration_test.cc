@@ -28,7 +28,7 @@
 #include "ember/device.h"
 #include "kernels/embedding_store.h"
 #include "kernels/store_factory.h"
-#include "server/table_config_proto.h"
+#include "kernels/table_config_proto.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"

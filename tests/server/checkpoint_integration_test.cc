@@ -12,6 +12,7 @@
 #include "common/key_hash.h"
 #include "common/status_macros.h"
 #include "ember/client.h"
+#include "ember/serving_table.h"
 #include "ember/step_pipeline.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -166,6 +167,8 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
   // SIGKILL, restore, kHalf more steps.
   absl::StatusOr<Cluster> cluster = StartCluster(2, dirs, {config});
   ASSERT_OK(cluster);
+  std::map<std::string, std::vector<float>> at_checkpoint;
+  std::vector<std::string> checkpoint_paths;
   {
     auto client = Connect(*cluster, absl::Milliseconds(500));
     ASSERT_OK(client);
@@ -173,6 +176,8 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
     ASSERT_OK(TrainBoth(client->get(), 0, kHalf, &pipes));
     absl::StatusOr<ClusterCheckpoint> taken = (*client)->Checkpoint();
     ASSERT_OK(taken);
+    at_checkpoint = AllRows(client->get());
+    for (const auto& r : taken->shards) checkpoint_paths.push_back(r.path());
     EXPECT_EQ(taken->step, kHalf - 1);
     for (const v1::CheckpointResponse& r : taken->shards) {
       EXPECT_EQ(r.manifest().step(), kHalf - 1);
@@ -200,6 +205,37 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
   const std::map<std::string, std::vector<float>> actual = AllRows(client->get());
   for (const auto& t : kTables) {
     EXPECT_EQ(actual.at(t.name()), expected.at(t.name())) << "table " << t.name();
+  }
+
+  // The same cluster checkpoint exported for serving, in fp32 and fp16:
+  // every row as the cluster answered at the checkpoint (fp16 rounded).
+  for (const std::string dtype : {"fp32", "fp16"}) {
+    const std::string out = FreshDir("export_" + dtype);
+    std::string log;
+    const int rc = RunCommand({EMBER_EXPORT_BIN, "--checkpoints=" + checkpoint_paths[0] + "," +
+                                   checkpoint_paths[1], "--out=" + out, "--dtype=" + dtype},
+                              "", &log);
+    ASSERT_EQ(rc, 0) << log;
+    EXPECT_NE(log.find(absl::StrCat("exported ", kTables.size(), " tables of step ", kHalf - 1,
+                                    " from 2 shards")),
+              std::string::npos)
+        << log;
+    for (size_t f = 0; f < kTables.size(); ++f) {
+      const std::string& name = kTables[f].name();
+      auto table = ServingTable::Load(JoinPath(out, name + ".emb"));
+      ASSERT_OK(table);
+      std::vector<uint64_t> keys;
+      for (uint32_t w : {0u, 1u}) {
+        for (uint64_t id = 0; id < 60; ++id) keys.push_back(KeyOf(w, f, id));
+      }
+      std::vector<float> rows(keys.size() * kDim);
+      ASSERT_OK((*table)->Lookup(keys, absl::MakeSpan(rows)));
+      std::vector<float> want = at_checkpoint.at(name);
+      if (dtype == "fp16") {
+        for (float& v : want) v = RoundTo(DType::kFp16, v);
+      }
+      EXPECT_EQ(rows, want) << name << " exported as " << dtype;
+    }
   }
 }
 

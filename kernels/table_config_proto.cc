@@ -1,4 +1,4 @@
-#include "server/table_config_proto.h"
+#include "kernels/table_config_proto.h"
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
