@@ -1,10 +1,12 @@
 #include "kernels/embedding_store.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/count_min_sketch.h"
 
 namespace ember {
 
@@ -14,6 +16,27 @@ void ExportedRows::Clear() {
   state.clear();
   steps.clear();
   scores.clear();
+}
+
+EmbeddingStore::EmbeddingStore(TableConfig config) : config_(std::move(config)) {
+  if (config_.admission.enabled()) {
+    admission_ = std::make_unique<CountMinSketch>(config_.admission.sketch_width);
+  }
+}
+
+EmbeddingStore::~EmbeddingStore() = default;
+
+StoreStats EmbeddingStore::Stats() const {
+  StoreStats st = StatsImpl();
+  st.admission_rejected = admission_rejected_.load(std::memory_order_relaxed);
+  st.admission_dropped = admission_dropped_.load(std::memory_order_relaxed);
+  if (admission_) st.memory_bytes += admission_->memory_bytes();
+  return st;
+}
+
+absl::StatusOr<uint64_t> EmbeddingStore::EvictExpired(uint32_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("table '", config_.name, "' field 'ttl': this store has no TTL"));
 }
 
 void SnapshotBatch::Clear() {
@@ -49,7 +72,65 @@ absl::StatusOr<FindResult> EmbeddingStore::FindOrInsert(absl::Span<const uint64_
                                                         absl::Span<uint8_t> out) {
   EMBER_RETURN_IF_ERROR(ValidateRowBuffer("rows", keys.size(), out_dtype, out.size()));
   if (keys.empty()) return FindResult{};
+  if (admission_) return FindOrInsertAdmitted(keys, out_dtype, out.data());
   return FindImpl(keys, out_dtype, out.data(), nullptr, /*insert=*/true);
+}
+
+absl::StatusOr<FindResult> EmbeddingStore::FindOrInsertAdmitted(absl::Span<const uint64_t> keys,
+                                                                 DType dtype, uint8_t* out) {
+  // Look up without inserting; then insert only the missing keys the sketch
+  // admits. Their rows are the initial rows Find already wrote, unless a
+  // racing push changed one meanwhile: copy the inserted rows back too.
+  std::vector<uint8_t> found(keys.size());
+  EMBER_ASSIGN_OR_RETURN(FindResult result,
+                         FindImpl(keys, dtype, out, found.data(), /*insert=*/false));
+  std::vector<uint64_t> admitted;
+  std::vector<size_t> positions;
+  uint64_t rejected = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (found[i]) continue;
+    if (admission_->Add(keys[i]) >= config_.admission.min_count) {
+      admitted.push_back(keys[i]);
+      positions.push_back(i);
+    } else {
+      ++rejected;
+    }
+  }
+  admission_rejected_.fetch_add(rejected, std::memory_order_relaxed);
+  if (admitted.empty()) return result;
+  const size_t row_bytes = config_.dim * DTypeSize(dtype);
+  std::vector<uint8_t> rows(admitted.size() * row_bytes);
+  EMBER_RETURN_IF_ERROR(FindImpl(admitted, dtype, rows.data(), nullptr, /*insert=*/true).status());
+  for (size_t j = 0; j < positions.size(); ++j) {
+    memcpy(out + positions[j] * row_bytes, rows.data() + j * row_bytes, row_bytes);
+  }
+  return result;
+}
+
+absl::StatusOr<PushResult> EmbeddingStore::ApplyAdmitted(absl::Span<const uint64_t> keys,
+                                                         DType grad_dtype, const uint8_t* grads) {
+  // Stored keys are updated; a missing key only once the sketch admits it
+  // (a lookup counted it min_count times; its row may have been evicted
+  // since). The rest of the gradients are dropped and counted.
+  std::vector<uint8_t> found(keys.size());
+  std::vector<uint8_t> scratch(keys.size() * config_.dim * sizeof(float));
+  EMBER_RETURN_IF_ERROR(
+      FindImpl(keys, DType::kFp32, scratch.data(), found.data(), /*insert=*/false).status());
+  const size_t row_bytes = config_.dim * DTypeSize(grad_dtype);
+  std::vector<uint64_t> kept_keys;
+  std::vector<uint8_t> kept_grads;
+  uint64_t dropped = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (found[i] || admission_->Estimate(keys[i]) >= config_.admission.min_count) {
+      kept_keys.push_back(keys[i]);
+      kept_grads.insert(kept_grads.end(), grads + i * row_bytes, grads + (i + 1) * row_bytes);
+    } else {
+      ++dropped;
+    }
+  }
+  admission_dropped_.fetch_add(dropped, std::memory_order_relaxed);
+  if (kept_keys.empty()) return PushResult{};
+  return ApplyGradientsImpl(kept_keys, grad_dtype, kept_grads.data());
 }
 
 absl::Status EmbeddingStore::ValidateGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
@@ -73,6 +154,7 @@ absl::StatusOr<PushResult> EmbeddingStore::ApplyGradients(absl::Span<const uint6
                                                           absl::Span<const uint8_t> grads) {
   EMBER_RETURN_IF_ERROR(ValidateGradients(keys, grad_dtype, grads));
   if (keys.empty()) return PushResult{};
+  if (admission_) return ApplyAdmitted(keys, grad_dtype, grads.data());
   return ApplyGradientsImpl(keys, grad_dtype, grads.data());
 }
 
@@ -80,6 +162,7 @@ absl::StatusOr<PushResult> EmbeddingStore::ApplyValidatedGradients(
     absl::Span<const uint64_t> keys, DType grad_dtype, absl::Span<const uint8_t> grads) {
   EMBER_RETURN_IF_ERROR(ValidateRowBuffer("gradients", keys.size(), grad_dtype, grads.size()));
   if (keys.empty()) return PushResult{};
+  if (admission_) return ApplyAdmitted(keys, grad_dtype, grads.data());
   return ApplyGradientsImpl(keys, grad_dtype, grads.data());
 }
 

@@ -24,6 +24,7 @@
 // served, and the failures are counted in StoreStats::insert_failures.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,8 @@
 
 namespace ember {
 
+class CountMinSketch;
+
 struct StoreStats {
   uint64_t rows = 0;             // rows stored now
   uint64_t capacity = 0;         // most rows (0: limited by memory only)
@@ -44,12 +47,17 @@ struct StoreStats {
   uint64_t inserts = 0;          // rows inserted since creation
   uint64_t evictions = 0;        // rows evicted to make room since creation
   uint64_t insert_failures = 0;  // new keys refused because the table was full
+  uint64_t expired = 0;          // rows evicted by the TTL since creation
+  uint64_t admission_rejected = 0;  // looked-up key occurrences not stored (admission)
+  uint64_t admission_dropped = 0;   // gradient rows dropped (admission)
 };
 
 struct FindResult {
   // Key occurrences that were not stored when looked up. Find answers them
   // with their initial row; FindOrInsert inserts them (a key repeated in one
-  // call counts once: later occurrences find the inserted row).
+  // call counts once: later occurrences find the inserted row), except the
+  // ones admission turns away (config().admission), answered with their
+  // initial row.
   size_t missing = 0;
 };
 
@@ -95,7 +103,7 @@ struct SnapshotBatch {
 
 class EmbeddingStore {
  public:
-  virtual ~EmbeddingStore() = default;
+  virtual ~EmbeddingStore();
   EmbeddingStore(const EmbeddingStore&) = delete;
   EmbeddingStore& operator=(const EmbeddingStore&) = delete;
 
@@ -110,14 +118,17 @@ class EmbeddingStore {
                                   absl::Span<uint8_t> out, uint8_t* found = nullptr);
 
   // As Find, but missing keys are inserted with their initial row first
-  // (evicting by the table's policy when full).
+  // (evicting by the table's policy when full). With admission
+  // (config().admission), each missing occurrence counts in the sketch and
+  // the key is inserted only once it has been counted min_count times.
   absl::StatusOr<FindResult> FindOrInsert(absl::Span<const uint64_t> keys, DType out_dtype,
                                           absl::Span<uint8_t> out);
 
   // Applies `grads` ((n, dim) of `grad_dtype`, every element finite) with the
   // table's optimizer. Gradients of duplicate keys are summed in key order
   // first, then each distinct key gets one optimizer step. Missing keys are
-  // inserted with their initial row first.
+  // inserted with their initial row first; with admission, only those
+  // counted min_count times, the others' gradients are dropped and counted.
   absl::StatusOr<PushResult> ApplyGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
                                             absl::Span<const uint8_t> grads);
 
@@ -149,7 +160,16 @@ class EmbeddingStore {
                         SnapshotBatch* out);
 
 
-  virtual StoreStats Stats() const = 0;
+  // Counters and sizes; the admission counts are the base class's own.
+  StoreStats Stats() const;
+
+  // TTL (config().ttl): a row is stamped with the store's TTL time whenever
+  // it is inserted, looked up or pushed. The owner advances that time
+  // (seconds since start, or its latest step) and evicts the rows stamped
+  // before `older_than`, returning how many (counted in Stats().expired).
+  // The default: no TTL support (UNIMPLEMENTED from EvictExpired).
+  virtual void SetTtlTime(uint32_t now) { (void)now; }
+  virtual absl::StatusOr<uint64_t> EvictExpired(uint32_t older_than);
 
   // A hint that about `rows` more rows are coming (a restore knows how
   // many), so that the store can size its index once instead of growing it
@@ -170,7 +190,9 @@ class EmbeddingStore {
                                                      absl::Span<const uint8_t> grads);
 
  protected:
-  explicit EmbeddingStore(TableConfig config) : config_(std::move(config)) {}
+  explicit EmbeddingStore(TableConfig config);
+
+  virtual StoreStats StatsImpl() const = 0;
 
   // Arguments are validated; see the public twins for the contracts.
   virtual absl::StatusOr<FindResult> FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
@@ -190,8 +212,16 @@ class EmbeddingStore {
  private:
   absl::Status ValidateRowBuffer(absl::string_view field, size_t n, DType dtype,
                                  size_t bytes) const;
+  // FindOrInsert and ApplyGradients through the admission filter.
+  absl::StatusOr<FindResult> FindOrInsertAdmitted(absl::Span<const uint64_t> keys, DType dtype,
+                                                  uint8_t* out);
+  absl::StatusOr<PushResult> ApplyAdmitted(absl::Span<const uint64_t> keys, DType grad_dtype,
+                                           const uint8_t* grads);
 
   const TableConfig config_;
+  std::unique_ptr<CountMinSketch> admission_;  // null: admission off
+  std::atomic<uint64_t> admission_rejected_{0};
+  std::atomic<uint64_t> admission_dropped_{0};
 };
 
 // RESOURCE_EXHAUSTED for `failed` new keys a full table refused; `what` says

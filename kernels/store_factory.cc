@@ -44,6 +44,11 @@ absl::Status CheckStoreDevice(const StoreDevice& device) {
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> NewStore(const TableConfig& config,
                                                          const StoreDevice& device) {
   if (device.kind == StoreDevice::Kind::kCpu) return NewCpuStore(config);
+  if (config.ttl.enabled()) {
+    return absl::UnimplementedError(absl::StrCat("table '", config.name, "' field 'ttl': the ",
+                                                 device.ToString(), " store has no TTL yet; "
+                                                 "use --device=cpu or no ttl"));
+  }
 #if EMBER_HAVE_CUDA
   return NewCudaStore(config, device.index);
 #else

@@ -77,6 +77,26 @@ absl::Status ValidateTableConfig(const TableConfig& c) {
     return Invalid(c, "optimizer.ftrl",
                    "beta, initial_accumulator and l2 all 0 divide by zero on the first push");
   }
+  if (c.ttl.seconds > 0 && c.ttl.steps > 0) {
+    return Invalid(c, "ttl", absl::StrCat("expected seconds or steps, not both; received seconds ",
+                                          c.ttl.seconds, " and steps ", c.ttl.steps));
+  }
+  if (c.ttl.limit() > 0xffffffffu) {
+    return Invalid(c, "ttl", absl::StrCat("expected at most ", 0xffffffffu, ", received ",
+                                          c.ttl.limit()));
+  }
+  if (c.admission.enabled()) {
+    const uint32_t w = c.admission.sketch_width;
+    if (c.admission.min_count > AdmissionConfig::kMaxMinCount) {
+      return Invalid(c, "admission.min_count",
+                     absl::StrCat("expected at most ", AdmissionConfig::kMaxMinCount,
+                                  ", received ", c.admission.min_count));
+    }
+    if (w < 64 || w > (1u << 26) || (w & (w - 1)) != 0) {
+      return Invalid(c, "admission.sketch_width",
+                     absl::StrCat("expected a power of two in [64, 2^26], received ", w));
+    }
+  }
   return absl::OkStatus();
 }
 

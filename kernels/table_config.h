@@ -48,6 +48,23 @@ struct OptimizerConfig {
 
 enum class EvictionPolicy : uint8_t { kNone, kLru, kLfu };
 
+// Rows untouched for a while are evicted (ember.v1.Ttl); at most one set.
+struct TtlConfig {
+  uint64_t seconds = 0;
+  uint64_t steps = 0;
+  bool enabled() const { return seconds > 0 || steps > 0; }
+  uint64_t limit() const { return seconds > 0 ? seconds : steps; }
+};
+
+// A new key is stored at its min_count-th lookup (ember.v1.Admission).
+struct AdmissionConfig {
+  uint32_t min_count = 0;     // <= 1: off
+  uint32_t sketch_width = 0;  // counters per sketch row, a power of two
+  bool enabled() const { return min_count > 1; }
+  static constexpr uint32_t kDefaultSketchWidth = 1u << 18;
+  static constexpr uint32_t kMaxMinCount = 65535;  // the counters saturate there
+};
+
 struct TableConfig {
   std::string name;
   // Elements per row, 1..kMaxDim.
@@ -59,6 +76,8 @@ struct TableConfig {
   // Most rows on this shard; 0 = limited by memory (and kMaxRowsPerStore).
   uint64_t capacity = 0;
   EvictionPolicy eviction = EvictionPolicy::kNone;
+  TtlConfig ttl;
+  AdmissionConfig admission;
 
   static constexpr uint32_t kMaxDim = 65536;
 };

@@ -84,6 +84,13 @@ absl::StatusOr<v1::TableConfig> NormalizeTableConfig(const v1::TableConfig& in) 
   if (c.eviction() != v1::EVICTION_POLICY_NONE && c.capacity() == 0) {
     return Invalid(c, "capacity", "an eviction policy needs a capacity > 0");
   }
+  // "Off" has one spelling, so that equal meanings compare equal.
+  if (c.ttl().seconds() == 0 && c.ttl().steps() == 0) c.clear_ttl();
+  if (c.admission().min_count() <= 1) {
+    c.clear_admission();
+  } else if (c.admission().sketch_width() == 0) {
+    c.mutable_admission()->set_sketch_width(AdmissionConfig::kDefaultSketchWidth);
+  }
   return c;
 }
 
@@ -155,6 +162,10 @@ absl::StatusOr<TableConfig> TableConfigFromProto(const v1::TableConfig& p) {
     case v1::EVICTION_POLICY_LFU: c.eviction = EvictionPolicy::kLfu; break;
     default: c.eviction = EvictionPolicy::kNone; break;
   }
+  c.ttl.seconds = p.ttl().seconds();
+  c.ttl.steps = p.ttl().steps();
+  c.admission.min_count = p.admission().min_count();
+  c.admission.sketch_width = p.admission().sketch_width();
   if (absl::Status s = ValidateTableConfig(c); !s.ok()) return s;
   return c;
 }
@@ -180,6 +191,13 @@ std::string TableConfigDifference(const v1::TableConfig& a, const v1::TableConfi
   if (a.eviction() != b.eviction()) {
     return absl::StrCat("eviction: existing ", v1::EvictionPolicy_Name(a.eviction()),
                         ", requested ", v1::EvictionPolicy_Name(b.eviction()));
+  }
+  if (!MessageDifferencer::Equals(a.ttl(), b.ttl())) {
+    return absl::StrCat("ttl: existing ", ShortText(a.ttl()), ", requested ", ShortText(b.ttl()));
+  }
+  if (!MessageDifferencer::Equals(a.admission(), b.admission())) {
+    return absl::StrCat("admission: existing ", ShortText(a.admission()), ", requested ",
+                        ShortText(b.admission()));
   }
   return "";
 }

@@ -124,6 +124,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   server->checkpointer_->StartPeriodic();
+  server->maintenance_ = std::thread([s = server.get()] {
+    const absl::Time start = absl::Now();
+    std::unique_lock<std::mutex> lock(s->maintenance_mu_);
+    while (!s->maintenance_cv_.wait_for(lock, std::chrono::seconds(1),
+                                        [s] { return s->stopping_; })) {
+      lock.unlock();
+      if (const uint64_t n = s->shard_->ExpireRows(absl::Now() - start); n > 0) {
+        spdlog::info("TTL: {} rows expired", n);
+      }
+      lock.lock();
+    }
+  });
   return server;
 }
 
@@ -136,6 +148,14 @@ Server::~Server() {
 
 void Server::Shutdown(absl::Duration grace) {
   if (checkpointer_) checkpointer_->StopPeriodic();
+  std::call_once(maintenance_stopped_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(maintenance_mu_);
+      stopping_ = true;
+    }
+    maintenance_cv_.notify_all();
+    if (maintenance_.joinable()) maintenance_.join();
+  });
   if (!grpc_server_) return;
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

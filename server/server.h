@@ -2,7 +2,10 @@
 // service and reflection.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -77,6 +80,12 @@ class Server {
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
+  // Once a second: TTL expiry (Shard::ExpireRows).
+  std::thread maintenance_;
+  std::mutex maintenance_mu_;
+  std::condition_variable maintenance_cv_;
+  bool stopping_ = false;
+  std::once_flag maintenance_stopped_;
 };
 
 }  // namespace ember

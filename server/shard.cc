@@ -46,6 +46,9 @@ void Shard::FillTableInfo(const Table& table, v1::TableInfo* info) const {
   info->set_memory_bytes(st.memory_bytes);
   info->set_evictions(st.evictions);
   info->set_insert_failures(st.insert_failures);
+  info->set_expired(st.expired);
+  info->set_admission_rejected(st.admission_rejected);
+  info->set_admission_dropped(st.admission_dropped);
 }
 
 absl::Status Shard::CreateTable(const v1::TableConfig& requested,
@@ -198,7 +201,8 @@ void Shard::SetMetrics(ShardMetrics* metrics) {
       f->Clear();
     }
     for (auto* f : {&metrics->table_inserts, &metrics->table_evictions,
-                    &metrics->table_insert_failures}) {
+                    &metrics->table_insert_failures, &metrics->table_expired,
+                    &metrics->table_admission_rejected, &metrics->table_admission_dropped}) {
       f->Clear();
     }
     for (const auto& t : tables) {
@@ -210,6 +214,10 @@ void Shard::SetMetrics(ShardMetrics* metrics) {
       metrics->table_inserts.With(labels).Mirror(static_cast<double>(st.inserts));
       metrics->table_evictions.With(labels).Mirror(static_cast<double>(st.evictions));
       metrics->table_insert_failures.With(labels).Mirror(static_cast<double>(st.insert_failures));
+      metrics->table_expired.With(labels).Mirror(static_cast<double>(st.expired));
+      metrics->table_admission_rejected.With(labels).Mirror(
+          static_cast<double>(st.admission_rejected));
+      metrics->table_admission_dropped.With(labels).Mirror(static_cast<double>(st.admission_dropped));
     }
     const std::map<uint32_t, int64_t> applied = clock_.AppliedSteps();
     int64_t fastest = -1;
@@ -272,6 +280,29 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
   }
   snap.copy = absl::Now() - cut;
   return snap;
+}
+
+uint64_t Shard::ExpireRows(absl::Duration since_start) {
+  std::vector<std::shared_ptr<Table>> tables;
+  {
+    ReaderLock lock(&mu_);
+    for (const auto& [name, table] : tables_) tables.push_back(table);
+  }
+  const int64_t seconds = absl::ToInt64Seconds(since_start);
+  const int64_t step = clock_.LatestStep();
+  uint64_t evicted = 0;
+  for (const auto& t : tables) {
+    const TtlConfig ttl{t->config.ttl().seconds(), t->config.ttl().steps()};
+    if (!ttl.enabled()) continue;
+    // Stamps are 32 bits: seconds for 136 years, steps up to 2^32.
+    const int64_t now = std::clamp<int64_t>(ttl.seconds > 0 ? seconds : step, 0, 0xffffffffLL);
+    t->store->SetTtlTime(static_cast<uint32_t>(now));
+    if (now <= static_cast<int64_t>(ttl.limit())) continue;
+    absl::StatusOr<uint64_t> n =
+        t->store->EvictExpired(static_cast<uint32_t>(now - static_cast<int64_t>(ttl.limit())));
+    if (n.ok()) evicted += *n;
+  }
+  return evicted;
 }
 
 void Shard::InstallRestored(std::vector<RestoredTable> restored,

@@ -116,6 +116,12 @@ class Shard {
   absl::StatusOr<ShardSnapshot> Snapshot(std::optional<int64_t> step, bool delta,
                                          absl::Time deadline);
 
+  // Advances the TTL time of every table with a TTL (`since_start` in
+  // seconds, or the latest step any registered worker has pushed) and
+  // evicts the rows that expired. The server calls it every second; tests
+  // call it directly. Returns the rows evicted.
+  uint64_t ExpireRows(absl::Duration since_start);
+
   // Replaces every table and the consistency clock with restored ones.
   // Only before serving: requests running meanwhile may see either state.
   // `source` names the checkpoint (GetShardInfo.restored_from).

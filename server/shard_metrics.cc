@@ -22,6 +22,17 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       table_insert_failures(r->AddCounter(
           "ember_table_insert_failures_total",
           "New keys refused because the table was full and evicts nothing.", {"table", "device"})),
+      table_expired(r->AddCounter("ember_table_expired_total",
+                                  "Rows evicted by the table's TTL since the shard started.",
+                                  {"table", "device"})),
+      table_admission_rejected(r->AddCounter(
+          "ember_table_admission_rejected_total",
+          "Looked-up key occurrences answered with their initial row and not stored, for want "
+          "of admission (seen fewer than min_count times).",
+          {"table", "device"})),
+      table_admission_dropped(r->AddCounter(
+          "ember_table_admission_dropped_total",
+          "Gradient rows dropped because their key was not admitted.", {"table", "device"})),
       worker_lag(r->AddGauge("ember_ssp_worker_lag_steps",
                              "Steps a registered worker's applied pushes trail the fastest "
                              "worker's on this shard.",

@@ -57,6 +57,9 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_inserts;
   metrics::Family<metrics::Counter>& table_evictions;
   metrics::Family<metrics::Counter>& table_insert_failures;
+  metrics::Family<metrics::Counter>& table_expired;
+  metrics::Family<metrics::Counter>& table_admission_rejected;
+  metrics::Family<metrics::Counter>& table_admission_dropped;
   metrics::Family<metrics::Gauge>& worker_lag;
   metrics::Gauge& registered_workers;
 

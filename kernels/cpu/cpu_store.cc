@@ -117,9 +117,12 @@ CpuStore::CpuStore(const TableConfig& config)
       dtype_(config.dtype),
       value_bytes_(config.dim * DTypeSize(config.dtype)),
       state_floats_(config.dim * OptimizerStateFloatsPerElement(config.optimizer.kind)),
-      has_step_(OptimizerHasStepCount(config.optimizer.kind)) {
-  // Record: key (8) | score (4) | [step (4)] | row (padded to 4) | state.
-  value_offset_ = has_step_ ? 16 : 12;
+      has_step_(OptimizerHasStepCount(config.optimizer.kind)),
+      has_ttl_(config.ttl.enabled()) {
+  // Record: key (8) | score (4) | [step (4)] | [touched (4)] | row (padded
+  // to 4) | state.
+  ttl_offset_ = has_step_ ? 16 : 12;
+  value_offset_ = ttl_offset_ + (has_ttl_ ? 4 : 0);
   state_offset_ = value_offset_ + ((value_bytes_ + 3) & ~size_t{3});
   stride_ = state_offset_ + state_floats_ * sizeof(float);
   // Small tables get one stripe (exact eviction order); large ones up to 64.
@@ -293,6 +296,9 @@ uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t cl
   memcpy(record, &key, 8);
   *ScoreOf(record) = config().eviction == EvictionPolicy::kLfu ? 0 : clock;
   if (has_step_) *StepOf(record) = 0;
+  if (has_ttl_) {
+    *reinterpret_cast<uint32_t*>(record + ttl_offset_) = ttl_now_.load(std::memory_order_relaxed);
+  }
   if (initialize) InitializeRow(record, key);
   PlaceEntry(s, hash, row);
   MarkChanged(s, row, key);
@@ -349,6 +355,10 @@ void CpuStore::MarkRemoved(Stripe& s, uint32_t row, uint32_t last, uint64_t key)
 // Scores are written under a shared lock by concurrent readers, hence the
 // relaxed atomics; an LFU increment lost to a race only blurs the count.
 void CpuStore::Touch(uint8_t* record, uint32_t clock) const {
+  if (has_ttl_) {
+    std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(record + ttl_offset_))
+        .store(ttl_now_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
   // Without eviction nobody reads scores: skip the store, which would dirty
   // the record's cache line on every lookup.
   if (config().eviction == EvictionPolicy::kNone) return;
@@ -803,7 +813,30 @@ void CpuStore::Reserve(uint64_t rows) {
   }
 }
 
-StoreStats CpuStore::Stats() const {
+void CpuStore::SetTtlTime(uint32_t now) { ttl_now_.store(now, std::memory_order_relaxed); }
+
+absl::StatusOr<uint64_t> CpuStore::EvictExpired(uint32_t older_than) {
+  if (!has_ttl_) return EmbeddingStore::EvictExpired(older_than);
+  uint64_t evicted = 0;
+  for (uint32_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = stripes_[si];
+    WriterLock lock(&s.mu);
+    // Downwards: removing row r moves the last row (already checked) into r.
+    for (uint32_t r = s.size; r-- > 0;) {
+      const uint8_t* rec = Record(s, r);
+      uint32_t touched;
+      memcpy(&touched, rec + ttl_offset_, 4);
+      if (touched < older_than) {
+        RemoveRow(s, r);
+        ++evicted;
+      }
+    }
+  }
+  expired_.fetch_add(evicted, std::memory_order_relaxed);
+  return evicted;
+}
+
+StoreStats CpuStore::StatsImpl() const {
   StoreStats st;
   st.rows = rows_.load(std::memory_order_relaxed);
   st.capacity = config().capacity;
@@ -811,6 +844,7 @@ StoreStats CpuStore::Stats() const {
   st.inserts = inserts_.load(std::memory_order_relaxed);
   st.evictions = evictions_.load(std::memory_order_relaxed);
   st.insert_failures = insert_failures_.load(std::memory_order_relaxed);
+  st.expired = expired_.load(std::memory_order_relaxed);
   return st;
 }
 

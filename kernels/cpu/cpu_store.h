@@ -24,6 +24,8 @@
 //   bit per row (set when a row is inserted or updated) and, per stripe, the
 //   keys whose bit was set or whose row was removed since the stripe's last
 //   snapshot, so a delta costs in proportion to the changes, not the table.
+// - With a TTL the record also holds the row's last-touched stamp (4 bytes
+//   after the step); expiry scans the stripes, one writer lock at a time.
 #pragma once
 
 #include <atomic>
@@ -51,14 +53,16 @@ class CpuStore final : public EmbeddingStore {
   static absl::StatusOr<std::unique_ptr<CpuStore>> Create(const TableConfig& config);
   ~CpuStore() override;
 
-  StoreStats Stats() const override;
   void Reserve(uint64_t rows) override;
+  void SetTtlTime(uint32_t now) override;
+  absl::StatusOr<uint64_t> EvictExpired(uint32_t older_than) override;
 
   uint32_t num_stripes() const { return num_stripes_; }
   // Bytes of one row record (key, score, step, row, state).
   size_t record_bytes() const { return stride_; }
 
  protected:
+  StoreStats StatsImpl() const override;
   absl::StatusOr<FindResult> FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
                                       uint8_t* out, uint8_t* found, bool insert) override;
   absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
@@ -118,6 +122,8 @@ class CpuStore final : public EmbeddingStore {
   const size_t value_bytes_;
   const size_t state_floats_;  // per row
   const bool has_step_;
+  const bool has_ttl_;
+  size_t ttl_offset_ = 0;  // the last-touched stamp, with a TTL
   size_t value_offset_ = 0;
   size_t state_offset_ = 0;
   size_t stride_ = 0;
@@ -129,6 +135,8 @@ class CpuStore final : public EmbeddingStore {
   std::atomic<uint32_t> clock_{0};
   // Set by the first snapshot; changes are tracked from then on.
   std::atomic<bool> tracking_{false};
+  std::atomic<uint32_t> ttl_now_{0};
+  std::atomic<uint64_t> expired_{0};
   std::mutex snapshot_mu_;  // one Snapshot call at a time
   std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> memory_bytes_{0};

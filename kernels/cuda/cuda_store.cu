@@ -668,7 +668,7 @@ CudaStore::~CudaStore() {
 
 int CudaStore::device() const { return impl_->device; }
 
-StoreStats CudaStore::Stats() const {
+StoreStats CudaStore::StatsImpl() const {
   StoreStats st;
   st.rows = impl_->rows.load(std::memory_order_relaxed);
   st.capacity = config().capacity;

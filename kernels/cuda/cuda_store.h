@@ -50,7 +50,6 @@ class CudaStore final : public EmbeddingStore {
   static absl::StatusOr<std::unique_ptr<CudaStore>> Create(const TableConfig& config, int device);
   ~CudaStore() override;
 
-  StoreStats Stats() const override;
   int device() const;
 
   // Find / FindOrInsert with device pointers: `keys` (n), `out` (n, dim) of
@@ -65,6 +64,7 @@ class CudaStore final : public EmbeddingStore {
                                                     DType grad_dtype, const void* grads);
 
  protected:
+  StoreStats StatsImpl() const override;
   absl::StatusOr<FindResult> FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
                                       uint8_t* out, uint8_t* found, bool insert) override;
   absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
