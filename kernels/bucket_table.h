@@ -18,8 +18,15 @@
 // its lowest-score row (ChooseVictim). A table without one lets every bucket
 // fill all kSlots and grows the bucket count when it gets full.
 //
-// Concurrency: none here. The CUDA store gives each bucket to one thread per
-// call (keys are grouped by bucket first), so these functions never race.
+// Change tracking (delta snapshots), when the arrays are set: `dirty` has a
+// byte per slot, set when the slot's row is inserted or changed, cleared
+// when it is erased; `removed` logs the keys erased or evicted, up to
+// `removed_capacity` (the count goes on past it: an overflowed log means the
+// next snapshot must be full). The snapshot reads and clears both.
+//
+// Concurrency: none here, except the removed-key count (atomic on the
+// device). The CUDA store gives each bucket to one thread per call (keys
+// are grouped by bucket first), so these functions never race.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +50,28 @@ struct Table {
   uint32_t* sizes = nullptr;   // occupied slots per bucket
   uint64_t num_buckets = 0;
   uint64_t capacity = 0;       // 0: every bucket may fill all kSlots
+  // Change tracking; null when off.
+  uint8_t* dirty = nullptr;
+  uint64_t* removed = nullptr;
+  unsigned long long* removed_count = nullptr;
+  uint64_t removed_capacity = 0;
 };
+
+// The slot's row changed (inserted, updated, imported).
+EMBER_HD void MarkDirty(const Table& t, int64_t slot) {
+  if (t.dirty != nullptr) t.dirty[slot] = 1;
+}
+
+// `key` left the table (erased or evicted).
+EMBER_HD void LogRemoved(const Table& t, uint64_t key) {
+  if (t.removed_count == nullptr) return;
+#if defined(__CUDA_ARCH__)
+  const unsigned long long i = atomicAdd(t.removed_count, 1ull);
+#else
+  const unsigned long long i = (*t.removed_count)++;
+#endif
+  if (i < t.removed_capacity) t.removed[i] = key;
+}
 
 // Buckets are chosen by the high half of the hash (Lemire's multiply-shift,
 // no division); digests and start slots come from the low bits, which are
@@ -180,6 +208,7 @@ EMBER_HD InsertOutcome InsertKey(Table& t, uint64_t key, uint64_t hash, Eviction
     s = ChooseVictim(t.digests + base, t.scores + base);
     out.evicted_key = t.keys[base + s];
     out.placement = Placement::kReplaced;
+    LogRemoved(t, out.evicted_key);
   } else {
     return out;  // kFull
   }
@@ -187,6 +216,7 @@ EMBER_HD InsertOutcome InsertKey(Table& t, uint64_t key, uint64_t hash, Eviction
   t.digests[base + s] = DigestOf(hash);
   t.scores[base + s] = score;
   out.slot = static_cast<int64_t>(base + s);
+  MarkDirty(t, out.slot);
   return out;
 }
 
@@ -196,6 +226,8 @@ EMBER_HD bool EraseKey(Table& t, uint64_t key, uint64_t hash) {
   if (slot == kNoSlot) return false;
   t.digests[slot] = kEmpty;
   --t.sizes[static_cast<uint64_t>(slot) / kSlots];
+  if (t.dirty != nullptr) t.dirty[slot] = 0;
+  LogRemoved(t, key);
   return true;
 }
 

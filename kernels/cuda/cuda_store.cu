@@ -238,6 +238,7 @@ __global__ void ApplyKernel(bucket::Table t, Rows r, OptimizerConfig opt, const 
       case OptimizerKind::kFtrl: opt::Ftrl(opt, g, w, state[j], state[r.dim + j]); break;
     }
     StoreElement(r.values, r.dtype, at, w);
+    if (j == 0) bucket::MarkDirty(t, slot);
   });
 }
 
@@ -259,6 +260,7 @@ __global__ void ScatterKernel(bucket::Table t, Rows r, const int64_t* slots, uin
     if (j == 0) {
       if (r.steps != nullptr) r.steps[slot] = steps[i];
       t.scores[slot] = scores[i];
+      bucket::MarkDirty(t, slot);
     }
   });
 }
@@ -358,6 +360,14 @@ struct CudaStore::Impl {
       step_size, grads, staged_found, refound, grow_slots, counters, cub_temp, import_values,
       import_state, import_steps, import_scores;
 
+  // Change tracking (delta snapshots), on from the first snapshot: a byte
+  // per slot and a log of removed keys (kernels/bucket_table.h). A growth
+  // moves every row, so it ends tracking until the next full snapshot, as
+  // does an overflowed log.
+  DeviceBuffer dirty, removed_log, removed_count;
+  bool tracking = false;
+  bool tracking_lost = false;
+
   std::atomic<uint64_t> rows{0}, inserts{0}, evictions{0}, insert_failures{0};
   std::atomic<uint64_t> memory_bytes{0};
 
@@ -371,7 +381,32 @@ struct CudaStore::Impl {
     t.sizes = table.sizes.get<uint32_t>();
     t.num_buckets = table.num_buckets;
     t.capacity = config.capacity;
+    if (tracking) {
+      t.dirty = dirty.get<uint8_t>();
+      t.removed = removed_log.get<uint64_t>();
+      t.removed_count = removed_count.get<unsigned long long>();
+      t.removed_capacity = removed_log.bytes() / sizeof(uint64_t);
+    }
     return t;
+  }
+
+  // Copies occupied slots [cursor->position, ...) to `out` until
+  // `max_rows` rows; with `only_dirty`, only slots whose dirty byte is set.
+  absl::Status CopySlots(ExportCursor* cursor, size_t max_rows, bool only_dirty,
+                         ExportedRows* out);
+
+  // Starts (or restarts) change tracking over the current slots, with
+  // nothing marked.
+  absl::Status StartTracking() {
+    EMBER_RETURN_IF_ERROR(dirty.AllocateZeroed(table.slots(), s()));
+    const uint64_t log = std::max<uint64_t>(uint64_t{1} << 16, table.slots() / 8);
+    if (removed_log.bytes() < log * sizeof(uint64_t)) {
+      EMBER_RETURN_IF_ERROR(removed_log.AllocateZeroed(log * sizeof(uint64_t), s()));
+    }
+    EMBER_RETURN_IF_ERROR(removed_count.AllocateZeroed(sizeof(unsigned long long), s()));
+    tracking = true;
+    tracking_lost = false;
+    return absl::OkStatus();
   }
   Rows RowsOf(const SlotArrays& a) const {
     return Rows{a.values.get<uint8_t>(), a.state.get<float>(),
@@ -513,6 +548,8 @@ struct CudaStore::Impl {
       dst.scores = next.scores.get<uint32_t>();
       dst.sizes = next.sizes.get<uint32_t>();
       dst.num_buckets = nb;
+      dst.dirty = nullptr;  // rows keep their contents: moving them is no change
+      dst.removed_count = nullptr;
       RehashRunsKernel<<<Blocks(m), kThreads, 0, s()>>>(
           dst, table.keys.get<uint64_t>(), table.scores.get<uint32_t>(),
           sorted_buckets.get<uint32_t>(), sorted_items.get<uint32_t>(), m, new_slots,
@@ -526,6 +563,12 @@ struct CudaStore::Impl {
       EMBER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
       table = std::move(next);
       memory_bytes.store(BytesOf(table), std::memory_order_relaxed);
+      if (tracking) {
+        // Slots changed: the marks no longer match. Keep marking (in range)
+        // until the next full snapshot restarts tracking.
+        EMBER_RETURN_IF_ERROR(dirty.AllocateZeroed(table.slots(), s()));
+        tracking_lost = true;
+      }
       return true;
     }
     return absl::ResourceExhaustedError(
@@ -839,15 +882,14 @@ absl::StatusOr<size_t> CudaStore::EraseImpl(absl::Span<const uint64_t> keys) {
   return static_cast<size_t>(c.erased);
 }
 
-absl::Status CudaStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) {
-  Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
-  cuda::DeviceScope scope(m.device);
-  const uint32_t dim = config().dim;
+absl::Status CudaStore::Impl::CopySlots(ExportCursor* cursor, size_t max_rows, bool only_dirty,
+                                       ExportedRows* out) {
+  Impl& m = *this;
+  const uint32_t dim = config.dim;
   const uint64_t sf = uint64_t{m.state_per_element} * dim;
   const uint64_t total = m.table.slots();
-  const uint64_t chunk = std::max<uint64_t>(max_rows, 4096);
-  std::vector<uint8_t> digests, values;
+  const uint64_t chunk = std::clamp<uint64_t>(max_rows, 4096, uint64_t{1} << 20);
+  std::vector<uint8_t> digests, values, dirty;
   std::vector<uint64_t> keys;
   std::vector<uint32_t> scores, steps;
   std::vector<float> state;
@@ -861,6 +903,7 @@ absl::Status CudaStore::ExportImpl(ExportCursor* cursor, size_t max_rows, Export
   while (pos < total && out->keys.size() < max_rows) {
     const uint64_t count = std::min(chunk, total - pos);
     EMBER_RETURN_IF_ERROR(fetch(m.table.digests, 1, digests, count));
+    if (only_dirty) EMBER_RETURN_IF_ERROR(fetch(m.dirty, 1, dirty, count));
     EMBER_RETURN_IF_ERROR(fetch(m.table.keys, 8, keys, count));
     EMBER_RETURN_IF_ERROR(fetch(m.table.scores, 4, scores, count));
     EMBER_RETURN_IF_ERROR(fetch(m.table.values, m.value_bytes, values, count));
@@ -869,11 +912,11 @@ absl::Status CudaStore::ExportImpl(ExportCursor* cursor, size_t max_rows, Export
     EMBER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
     uint64_t k = 0;
     for (; k < count && out->keys.size() < max_rows; ++k) {
-      if (digests[k] == bucket::kEmpty) continue;
+      if (digests[k] == bucket::kEmpty || (only_dirty && dirty[k] == 0)) continue;
       out->keys.push_back(keys[k]);
       const size_t v = out->values.size();
       out->values.resize(v + dim);
-      ConvertElements(values.data() + k * m.value_bytes, config().dtype, out->values.data() + v,
+      ConvertElements(values.data() + k * m.value_bytes, m.config.dtype, out->values.data() + v,
                       DType::kFp32, dim);
       out->state.insert(out->state.end(), state.begin() + k * sf, state.begin() + (k + 1) * sf);
       out->steps.push_back(m.has_step ? steps[k] : 0);
@@ -883,6 +926,55 @@ absl::Status CudaStore::ExportImpl(ExportCursor* cursor, size_t max_rows, Export
   }
   cursor->position = pos;
   cursor->done = pos >= total;
+  return absl::OkStatus();
+}
+
+absl::Status CudaStore::ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  cuda::DeviceScope scope(m.device);
+  return m.CopySlots(cursor, max_rows, /*only_dirty=*/false, out);
+}
+
+absl::Status CudaStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t,
+                                     SnapshotBatch* out) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);  // one unit: the whole table, atomically
+  cuda::DeviceScope scope(m.device);
+  const bool delta = kind == SnapshotKind::kDelta;
+  if (delta && !m.tracking) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", config().name, "': no snapshot was taken before, so no changes are tracked; "
+        "take a full snapshot"));
+  }
+  if (delta) {
+    unsigned long long removed = 0;
+    EMBER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&removed, m.removed_count.get(), sizeof(removed),
+                                               cudaMemcpyDeviceToHost, m.s()));
+    EMBER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
+    const uint64_t capacity = m.removed_log.bytes() / sizeof(uint64_t);
+    if (m.tracking_lost || removed > capacity) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", config().name, "': changes since the last snapshot were not all tracked (",
+          m.tracking_lost ? "the table grew" : "more keys removed than the log holds",
+          "); take a full snapshot"));
+    }
+    out->removed.resize(removed);
+    if (removed > 0) {
+      EMBER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->removed.data(), m.removed_log.get(),
+                                                 removed * sizeof(uint64_t),
+                                                 cudaMemcpyDeviceToHost, m.s()));
+    }
+  }
+  ExportCursor all;
+  EMBER_RETURN_IF_ERROR(
+      m.CopySlots(&all, std::numeric_limits<size_t>::max(), delta, &out->rows));
+  std::sort(out->removed.begin(), out->removed.end());
+  out->removed.erase(std::unique(out->removed.begin(), out->removed.end()), out->removed.end());
+  // Everything copied is clean now.
+  EMBER_RETURN_IF_ERROR(m.StartTracking());
+  EMBER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
+  cursor->done = true;
   return absl::OkStatus();
 }
 

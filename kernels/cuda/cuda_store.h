@@ -28,6 +28,9 @@
 // device pointers of this store's device. Errors: CUDA failures are
 // INTERNAL naming the call; device memory exhaustion is RESOURCE_EXHAUSTED.
 //
+// Snapshots (checkpoints): the whole table at once, under the mutex; deltas
+// from per-slot dirty bytes and a removed-key log kept by the kernels.
+//
 // No CUDA types here: host code includes this header.
 #pragma once
 
@@ -72,6 +75,12 @@ class CudaStore final : public EmbeddingStore {
   absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) override;
   absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
   absl::Status ImportImpl(const ExportedRows& rows) override;
+  // The whole table is one unit, copied under the store's mutex; deltas
+  // hold the slots marked dirty and the logged removed keys, or fall back
+  // to FAILED_PRECONDITION (take a full one) after a growth or a log
+  // overflow.
+  absl::Status SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,
+                            SnapshotBatch* out) override;
 
  private:
   struct Impl;

@@ -175,3 +175,68 @@ TEST(BucketTableTest, ScoresFollowThePolicy) {
 
 }  // namespace
 }  // namespace ember::bucket
+
+namespace ember::bucket {
+namespace {
+
+// Change tracking on, over host vectors: the dirty bytes and the removed log
+// the CUDA store's snapshot reads.
+struct TrackedTable : HostTable {
+  TrackedTable(uint64_t buckets, uint64_t capacity, uint64_t log_capacity)
+      : HostTable(buckets, capacity), dirty(buckets * kSlots), removed(log_capacity) {
+    t.dirty = dirty.data();
+    t.removed = removed.data();
+    t.removed_count = &count;
+    t.removed_capacity = log_capacity;
+  }
+  std::vector<uint8_t> dirty;
+  std::vector<uint64_t> removed;
+  unsigned long long count = 0;
+};
+
+TEST(BucketTableTrackingTest, InsertsMarkTheirSlotsAndEvictionsAndErasesLogTheKeys) {
+  TrackedTable h(1, /*capacity=*/4, /*log_capacity=*/8);
+  for (uint64_t k = 1; k <= 4; ++k) {
+    const InsertOutcome o = InsertKey(h.t, k, StoreHash(k), EvictionPolicy::kLru, uint32_t(k));
+    ASSERT_EQ(o.placement, Placement::kInserted);
+    EXPECT_EQ(h.dirty[o.slot], 1) << k;
+  }
+  EXPECT_EQ(h.count, 0u);
+  std::fill(h.dirty.begin(), h.dirty.end(), 0);  // a snapshot took them
+  // Full: key 5 evicts key 1 (the lowest score); its slot is dirty again.
+  const InsertOutcome o5 = InsertKey(h.t, 5, StoreHash(5), EvictionPolicy::kLru, 10);
+  ASSERT_EQ(o5.placement, Placement::kReplaced);
+  EXPECT_EQ(o5.evicted_key, 1u);
+  EXPECT_EQ(h.dirty[o5.slot], 1);
+  ASSERT_EQ(h.count, 1u);
+  EXPECT_EQ(h.removed[0], 1u);
+  // Erase logs the key and clears its slot's mark.
+  const int64_t slot3 = FindSlot(h.t, 3, StoreHash(3));
+  h.dirty[slot3] = 1;
+  ASSERT_TRUE(EraseKey(h.t, 3, StoreHash(3)));
+  EXPECT_EQ(h.dirty[slot3], 0);
+  ASSERT_EQ(h.count, 2u);
+  EXPECT_EQ(h.removed[1], 3u);
+  // A found key is not a change by itself.
+  const InsertOutcome found = InsertKey(h.t, 2, StoreHash(2), EvictionPolicy::kLru, 11);
+  EXPECT_EQ(found.placement, Placement::kFound);
+  EXPECT_EQ(h.dirty[found.slot], 0);
+}
+
+TEST(BucketTableTrackingTest, RemovedLogCountsPastItsCapacityWithoutWritingBeyondIt) {
+  TrackedTable h(1, 0, /*log_capacity=*/2);
+  for (uint64_t k = 1; k <= 5; ++k) InsertKey(h.t, k, StoreHash(k), EvictionPolicy::kNone, 0);
+  for (uint64_t k = 1; k <= 5; ++k) ASSERT_TRUE(EraseKey(h.t, k, StoreHash(k)));
+  EXPECT_EQ(h.count, 5u);  // > capacity: the snapshot must fall back to a full one
+  EXPECT_EQ(h.removed, (std::vector<uint64_t>{1, 2}));
+}
+
+TEST(BucketTableTrackingTest, WithTrackingOffNothingIsWritten) {
+  HostTable h(1);
+  const InsertOutcome o = InsertKey(h.t, 9, StoreHash(9), EvictionPolicy::kNone, 0);
+  EXPECT_EQ(o.placement, Placement::kInserted);
+  EXPECT_TRUE(EraseKey(h.t, 9, StoreHash(9)));  // no arrays: no crash, nothing logged
+}
+
+}  // namespace
+}  // namespace ember::bucket

@@ -18,8 +18,6 @@ namespace ember::testing {
 
 struct CpuStoreFactory {
   static constexpr const char* kName = "cpu";
-  // Whether the store tracks changed rows (delta snapshots).
-  static constexpr bool kTracksChanges = true;
   // Empty when the store can run here, else why not.
   static std::string Unavailable() { return ""; }
   static absl::StatusOr<std::unique_ptr<EmbeddingStore>> Make(const TableConfig& c) {
@@ -30,7 +28,6 @@ struct CpuStoreFactory {
 // The CUDA store on device 0.
 struct CudaStoreFactory {
   static constexpr const char* kName = "cuda";
-  static constexpr bool kTracksChanges = false;
   static std::string Unavailable() {
 #if EMBER_HAVE_CUDA
     if (cuda::DeviceCount() == 0) return "no CUDA device here: the CUDA store runs on a GPU machine";

@@ -85,14 +85,7 @@ void Push(EmbeddingStore& store, const std::vector<uint64_t>& keys, float g) {
 }
 
 template <typename Factory>
-class StoreSnapshotTest : public StoreTestBase<Factory> {
- protected:
-  void RequireChangeTracking() {
-    if (!Factory::kTracksChanges) {
-      GTEST_SKIP() << Factory::kName << " store does not track changed rows (delta snapshots) yet";
-    }
-  }
-};
+class StoreSnapshotTest : public StoreTestBase<Factory> {};
 TYPED_TEST_SUITE(StoreSnapshotTest, StoreImplementations, StoreImplementationNames);
 
 TYPED_TEST(StoreSnapshotTest, FullSnapshotHoldsEveryStoredRowExactlyOnce) {
@@ -108,7 +101,6 @@ TYPED_TEST(StoreSnapshotTest, FullSnapshotHoldsEveryStoredRowExactlyOnce) {
 }
 
 TYPED_TEST(StoreSnapshotTest, DeltaBeforeAnyFullSnapshotIsRefused) {
-  this->RequireChangeTracking();
   auto store = this->MakeStore(AdamTable());
   Push(*store, Range(0, 10), 1.0f);
   auto taken = TakeSnapshot(*store, SnapshotKind::kDelta);
@@ -117,7 +109,6 @@ TYPED_TEST(StoreSnapshotTest, DeltaBeforeAnyFullSnapshotIsRefused) {
 }
 
 TYPED_TEST(StoreSnapshotTest, DeltaHoldsOnlyChangedRowsAndRemovedKeys) {
-  this->RequireChangeTracking();
   auto store = this->MakeStore(AdamTable());
   Push(*store, Range(0, 2000), 0.5f);
   ASSERT_OK(TakeSnapshot(*store, SnapshotKind::kFull));
@@ -154,7 +145,6 @@ TYPED_TEST(StoreSnapshotTest, DeltaHoldsOnlyChangedRowsAndRemovedKeys) {
 }
 
 TYPED_TEST(StoreSnapshotTest, EvictedRowsAppearAsRemovedKeysInTheDelta) {
-  this->RequireChangeTracking();
   auto store = this->MakeStore(AdamTable(16, EvictionPolicy::kLru));
   const std::vector<uint64_t> first = Range(0, 16);
   Push(*store, first, 1.0f);
@@ -172,7 +162,6 @@ TYPED_TEST(StoreSnapshotTest, EvictedRowsAppearAsRemovedKeysInTheDelta) {
 }
 
 TYPED_TEST(StoreSnapshotTest, BasePlusDeltasReplayedIntoAFreshStoreEqualTheStore) {
-  this->RequireChangeTracking();
   const TableConfig config = AdamTable(1500, EvictionPolicy::kLfu);
   auto store = this->MakeStore(config);
   auto replica = this->MakeStore(config);
