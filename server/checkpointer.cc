@@ -92,8 +92,9 @@ CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& dir
   return listing;
 }
 
-Checkpointer::Checkpointer(Shard* shard, CheckpointerOptions options, FileSystem* fs)
-    : shard_(shard), options_(std::move(options)), fs_(fs) {
+Checkpointer::Checkpointer(Shard* shard, CheckpointerOptions options, FileSystem* fs,
+                           ShardMetrics* metrics)
+    : shard_(shard), options_(std::move(options)), fs_(fs), metrics_(metrics) {
   if (options_.directory.empty()) return;
   if (auto names = fs_->ListDir(options_.directory); names.ok()) {
     for (const std::string& name : *names) {
@@ -151,6 +152,18 @@ absl::Status Checkpointer::Checkpoint(const v1::CheckpointRequest& request, absl
   if (!request.id().empty()) EMBER_RETURN_IF_ERROR(ValidateId(request.id()));
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status s = Write(request, deadline, response);
+  if (metrics_ != nullptr) {
+    const bool delta = s.ok() ? response->manifest().kind() == v1::CHECKPOINT_KIND_DELTA
+                              : request.incremental();
+    metrics_->RecordCheckpoint(delta ? "delta" : "full",
+                               s.ok() ? "ok" : absl::StatusCodeToString(s.code()));
+    if (s.ok()) {
+      metrics_->RecordCheckpointSuccess(
+          absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), response->bytes(),
+          response->manifest().step(), response->cut_wait_seconds(), response->copy_seconds(),
+          response->write_seconds());
+    }
+  }
   if (s.ok()) {
     const auto& m = response->manifest();
     spdlog::info("checkpoint '{}' ({}, step {}, {} tables, {} bytes) written to {}: cut wait {:.3f} s, "
@@ -444,6 +457,9 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
       for (const v1::WorkerStep& w : chain.back().workers()) workers[w.worker_id()] = w.applied_step();
       const size_t n = tables.size();
       shard_->InstallRestored(std::move(tables), workers, path);
+      if (metrics_ != nullptr) {
+        metrics_->RecordRestore(absl::ToDoubleSeconds(absl::Now() - start), chain.back().step());
+      }
       spdlog::info("restored {} tables and {} workers at step {} from {} ({} checkpoints) in {:.3f} s",
                    n, workers.size(), chain.back().step(), path, chain.size(),
                    absl::ToDoubleSeconds(absl::Now() - start));

@@ -72,9 +72,11 @@ absl::StatusOr<std::vector<RestoredTable>> LoadCheckpointTables(FileSystem* fs,
 
 class Checkpointer {
  public:
-  // `shard` (and `fs`) must outlive the checkpointer. Removes temporary
-  // directories a crashed writer left in options.directory.
-  Checkpointer(Shard* shard, CheckpointerOptions options, FileSystem* fs = FileSystem::Posix());
+  // `shard` (and `fs`, and `metrics` when given) must outlive the
+  // checkpointer. Removes temporary directories a crashed writer left in
+  // options.directory.
+  Checkpointer(Shard* shard, CheckpointerOptions options, FileSystem* fs = FileSystem::Posix(),
+               ShardMetrics* metrics = nullptr);
   ~Checkpointer();
 
   // Starts the periodic checkpoints (no-op without an interval).
@@ -104,6 +106,7 @@ class Checkpointer {
   Shard* const shard_;
   const CheckpointerOptions options_;
   FileSystem* const fs_;
+  ShardMetrics* const metrics_;  // null: none
 
   std::mutex mu_;  // one checkpoint at a time
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;

@@ -85,7 +85,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->metrics_ = std::make_unique<ShardMetrics>(server->registry_.get());
     server->shard_->SetMetrics(server->metrics_.get());
   }
-  server->checkpointer_ = std::make_unique<Checkpointer>(server->shard_.get(), options.checkpoint);
+  server->checkpointer_ = std::make_unique<Checkpointer>(
+      server->shard_.get(), options.checkpoint, FileSystem::Posix(), server->metrics_.get());
   if (!options.restore_from.empty()) {
     EMBER_RETURN_IF_ERROR(server->checkpointer_->Restore(options.restore_from).status());
   }

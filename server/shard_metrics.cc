@@ -63,7 +63,52 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
                                   {"table", "rpc", "code"})),
       ssp_wait_(&r->AddHistogram("ember_ssp_wait_seconds",
                                  "Time lookups carrying a step waited for slower workers.", {})
-                     .With({})) {}
+                     .With({})),
+      checkpoints_(r->AddCounter("ember_checkpoints_total",
+                                 "Checkpoints attempted, by kind (full, delta) and result (ok or "
+                                 "the status code).",
+                                 {"kind", "result"})),
+      checkpoint_last_success_(
+          r->AddGauge("ember_checkpoint_last_success_timestamp_seconds",
+                      "Unix time the last successful checkpoint finished (0: none yet).")
+              .With({})),
+      checkpoint_last_bytes_(
+          r->AddGauge("ember_checkpoint_last_bytes", "Bytes of the last successful checkpoint.")
+              .With({})),
+      checkpoint_last_step_(r->AddGauge("ember_checkpoint_last_step",
+                                        "The cut step of the last successful checkpoint (-1: "
+                                        "no worker registered).")
+                                .With({})),
+      checkpoint_last_seconds_(r->AddGauge(
+          "ember_checkpoint_last_duration_seconds",
+          "Phases of the last successful checkpoint: cut_wait (workers reaching the step), copy "
+          "(pushes held), write (files, while serving).",
+          {"phase"})),
+      restore_seconds_(r->AddGauge("ember_restore_duration_seconds",
+                                   "Time the start-up restore took (0: nothing restored).")
+                           .With({})),
+      restore_step_(r->AddGauge("ember_restore_step",
+                                "The cut step of the checkpoint restored at start-up.")
+                        .With({})) {}
+
+void ShardMetrics::RecordCheckpoint(absl::string_view kind, absl::string_view result) {
+  checkpoints_.With({std::string(kind), std::string(result)}).Add();
+}
+
+void ShardMetrics::RecordCheckpointSuccess(double unix_seconds, uint64_t bytes, int64_t step,
+                                           double cut_wait, double copy, double write) {
+  checkpoint_last_success_.Set(unix_seconds);
+  checkpoint_last_bytes_.Set(static_cast<double>(bytes));
+  checkpoint_last_step_.Set(static_cast<double>(step));
+  checkpoint_last_seconds_.With({"cut_wait"}).Set(cut_wait);
+  checkpoint_last_seconds_.With({"copy"}).Set(copy);
+  checkpoint_last_seconds_.With({"write"}).Set(write);
+}
+
+void ShardMetrics::RecordRestore(double seconds, int64_t step) {
+  restore_seconds_.Set(seconds);
+  restore_step_.Set(static_cast<double>(step));
+}
 
 void ShardMetrics::RecordCall(Rpc rpc, absl::StatusCode code, double seconds) {
   static constexpr const char* kNames[kRpcs] = {"Lookup", "Push", "Exchange"};

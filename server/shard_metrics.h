@@ -63,6 +63,14 @@ class ShardMetrics {
   metrics::Family<metrics::Gauge>& worker_lag;
   metrics::Gauge& registered_workers;
 
+  // Checkpoints: one finished (`kind` full or delta, `ok` or the status
+  // code's name), and the last success's figures.
+  void RecordCheckpoint(absl::string_view kind, absl::string_view result);
+  void RecordCheckpointSuccess(double unix_seconds, uint64_t bytes, int64_t step,
+                               double cut_wait, double copy, double write);
+  // The checkpoint restored at start-up.
+  void RecordRestore(double seconds, int64_t step);
+
  private:
   metrics::Registry* registry_;
   metrics::Family<metrics::Counter>& calls_;
@@ -73,6 +81,13 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_missing_;
   metrics::Family<metrics::Counter>& table_errors_;
   metrics::Histogram* ssp_wait_;
+  metrics::Family<metrics::Counter>& checkpoints_;
+  metrics::Gauge& checkpoint_last_success_;
+  metrics::Gauge& checkpoint_last_bytes_;
+  metrics::Gauge& checkpoint_last_step_;
+  metrics::Family<metrics::Gauge>& checkpoint_last_seconds_;
+  metrics::Gauge& restore_seconds_;
+  metrics::Gauge& restore_step_;
   std::atomic<metrics::Counter*> call_cache_[kRpcs][kCodes] = {};
   std::atomic<metrics::Histogram*> seconds_cache_[kRpcs] = {};
 

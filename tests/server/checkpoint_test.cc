@@ -530,6 +530,28 @@ TEST_F(CheckpointTest, FailureOfAnyWriteLeavesThePreviousCheckpointLatestAndNext
   EXPECT_GT(operations, 20);  // every file's create, appends, sync, close; dirs; rename
 }
 
+TEST_F(CheckpointTest, CheckpointsAndTheRestoreAreCountedInTheShardMetrics) {
+  metrics::Registry registry;
+  ShardMetrics metrics(&registry);
+  Checkpointer checkpointer(&shard_, Opts(), FileSystem::Posix(), &metrics);
+  Train(0, 4);
+  auto taken = Take(checkpointer);
+  ASSERT_OK(taken);
+  EXPECT_EQ(Take(checkpointer, false, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string text = registry.Expose();
+  for (const std::string line :
+       {std::string("ember_checkpoints_total{kind=\"full\",result=\"ok\"} 1"),
+        std::string("ember_checkpoints_total{kind=\"full\",result=\"FAILED_PRECONDITION\"} 1"),
+        absl::StrCat("ember_checkpoint_last_bytes ", taken->bytes()),
+        std::string("ember_checkpoint_last_step 3")}) {
+    EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << " not in:\n" << text;
+  }
+  Shard fresh(Options());
+  Checkpointer loader(&fresh, Opts(), FileSystem::Posix(), &metrics);
+  ASSERT_OK(loader.Restore("latest"));
+  EXPECT_NE(registry.Expose().find("ember_restore_step 3\n"), std::string::npos);
+}
+
 TEST_F(CheckpointTest, OldCheckpointsBeyondKeepAreDeletedWithTheirDeltas) {
   CheckpointerOptions o = Opts();
   o.keep = 2;
