@@ -36,21 +36,6 @@
 namespace ember::testing {
 namespace {
 
-// `n` shard processes of one cluster.
-absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> StartCluster(
-    int n, const std::vector<std::string>& extra = {}) {
-  std::vector<std::unique_ptr<ServerProcess>> shards;
-  for (int i = 0; i < n; ++i) {
-    std::vector<std::string> args = {absl::StrCat("--shard_index=", i),
-                                     absl::StrCat("--shard_count=", n), "--worker_threads=2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    absl::StatusOr<std::unique_ptr<ServerProcess>> p = ServerProcess::Start(args);
-    if (!p.ok()) return p.status();
-    shards.push_back(std::move(*p));
-  }
-  return shards;
-}
-
 ClientOptions OptionsFor(const std::vector<std::unique_ptr<ServerProcess>>& shards) {
   ClientOptions o;
   for (const auto& s : shards) o.shards.push_back(s->address());

@@ -27,20 +27,13 @@ constexpr uint32_t kDim = 4;
 constexpr int kBatch = 8;
 const std::vector<v1::TableConfig> kTables = EveryOptimizerAndDtype(kDim);
 
-using Cluster = std::vector<std::unique_ptr<ServerProcess>>;
-
-absl::StatusOr<Cluster> StartCluster(int n, const std::vector<std::string>& per_shard_dir,
-                                     const std::vector<std::string>& extra) {
-  Cluster shards;
-  for (int i = 0; i < n; ++i) {
-    std::vector<std::string> args = {absl::StrCat("--shard_index=", i),
-                                     absl::StrCat("--shard_count=", n), "--worker_threads=2"};
-    if (!per_shard_dir.empty()) args.push_back("--checkpoint_dir=" + per_shard_dir[i]);
-    args.insert(args.end(), extra.begin(), extra.end());
-    EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ServerProcess> p, ServerProcess::Start(args));
-    shards.push_back(std::move(p));
-  }
-  return shards;
+// A cluster whose shard i keeps its checkpoints in dirs[i].
+absl::StatusOr<Cluster> StartWithCheckpointDirs(int n, const std::vector<std::string>& dirs,
+                                               const std::vector<std::string>& extra) {
+  return testing::StartCluster(n, extra, [&](int i) {
+    return dirs.empty() ? std::vector<std::string>{}
+                        : std::vector<std::string>{"--checkpoint_dir=" + dirs[i]};
+  });
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const Cluster& shards,
@@ -154,7 +147,7 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
   const std::vector<std::string> dirs = {FreshDir("roundtrip_shard0"), FreshDir("roundtrip_shard1")};
 
   // The uninterrupted reference: 2 x kHalf steps.
-  absl::StatusOr<Cluster> reference = StartCluster(2, {}, {config});
+  absl::StatusOr<Cluster> reference = StartWithCheckpointDirs(2, {}, {config});
   ASSERT_OK(reference);
   auto ref_client = Connect(*reference);
   ASSERT_OK(ref_client);
@@ -165,7 +158,7 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
 
   // kHalf steps, a cluster checkpoint while both workers are registered,
   // SIGKILL, restore, kHalf more steps.
-  absl::StatusOr<Cluster> cluster = StartCluster(2, dirs, {config});
+  absl::StatusOr<Cluster> cluster = StartWithCheckpointDirs(2, dirs, {config});
   ASSERT_OK(cluster);
   std::map<std::string, std::vector<float>> at_checkpoint;
   std::vector<std::string> checkpoint_paths;
@@ -187,7 +180,8 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
     for (auto& shard : *cluster) ASSERT_OK(shard->Stop(SIGKILL, absl::Seconds(10)));
     pipes.clear();  // their shards are gone: closing fails after the short retry budget
   }
-  absl::StatusOr<Cluster> restored = StartCluster(2, dirs, {config, "--restore_from=latest"});
+  absl::StatusOr<Cluster> restored =
+      StartWithCheckpointDirs(2, dirs, {config, "--restore_from=latest"});
   ASSERT_OK(restored);
   auto client = Connect(*restored);
   ASSERT_OK(client);
@@ -257,7 +251,7 @@ TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOld
   // A short retry budget: the checkpoint call of a killed shard fails at
   // once instead of retrying for the default 30 s.
   const absl::Duration budget = absl::Milliseconds(300);
-  absl::StatusOr<Cluster> shard = StartCluster(1, {dir}, flags);
+  absl::StatusOr<Cluster> shard = StartWithCheckpointDirs(1, {dir}, flags);
   ASSERT_OK(shard);
   auto client = Connect(*shard, budget);
   ASSERT_OK(client);
@@ -304,7 +298,7 @@ TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOld
     ASSERT_OK((*shard)[0]->Stop(SIGKILL, absl::Seconds(10)));
     writer.join();
     client->reset();
-    shard = StartCluster(1, {dir}, flags);
+    shard = StartWithCheckpointDirs(1, {dir}, flags);
     ASSERT_OK(shard);
     client = Connect(*shard, budget);
     ASSERT_OK(client);

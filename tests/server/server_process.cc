@@ -109,4 +109,23 @@ ServerProcess::~ServerProcess() {
   if (stdout_fd_ >= 0) close(stdout_fd_);
 }
 
+absl::StatusOr<Cluster> StartCluster(
+    int n, const std::vector<std::string>& extra,
+    const std::function<std::vector<std::string>(int)>& per_shard) {
+  Cluster shards;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> args = {absl::StrCat("--shard_index=", i),
+                                     absl::StrCat("--shard_count=", n), "--worker_threads=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    if (per_shard) {
+      const std::vector<std::string> own = per_shard(i);
+      args.insert(args.end(), own.begin(), own.end());
+    }
+    absl::StatusOr<std::unique_ptr<ServerProcess>> p = ServerProcess::Start(args);
+    if (!p.ok()) return p.status();
+    shards.push_back(std::move(*p));
+  }
+  return shards;
+}
+
 }  // namespace ember::testing

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,5 +44,14 @@ class ServerProcess {
   int metrics_port_ = -1;
   bool reaped_ = false;
 };
+
+using Cluster = std::vector<std::unique_ptr<ServerProcess>>;
+
+// `n` shard processes of one cluster: shard i gets --shard_index=i
+// --shard_count=n --worker_threads=2, the `extra` flags, and the flags
+// `per_shard(i)` gives (when set).
+absl::StatusOr<Cluster> StartCluster(
+    int n, const std::vector<std::string>& extra = {},
+    const std::function<std::vector<std::string>(int)>& per_shard = nullptr);
 
 }  // namespace ember::testing
