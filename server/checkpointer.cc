@@ -475,4 +475,32 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
                                           absl::StrJoin(refused, "; ")));
 }
 
+absl::StatusOr<v1::CheckpointResponse> CompactCheckpoints(FileSystem* fs,
+                                                          const std::string& directory,
+                                                          const std::string& id) {
+  const CheckpointListing listing = ListCheckpointDirectory(fs, directory);
+  if (listing.valid.empty()) {
+    return absl::NotFoundError(absl::StrCat("no valid checkpoint in '", directory, "'"));
+  }
+  // The shard is the newest checkpoint's; restore checks every other.
+  const v1::CheckpointManifest& newest = listing.valid.back();
+  ShardOptions options;
+  options.shard_index = newest.shard_index();
+  options.shard_count = newest.shard_count();
+  EMBER_RETURN_IF_ERROR(options.Validate());
+  Shard shard(options);
+  CheckpointerOptions co;
+  co.directory = directory;
+  co.keep = 0;
+  Checkpointer checkpointer(&shard, co, fs);
+  EMBER_ASSIGN_OR_RETURN(std::string restored, checkpointer.Restore("latest"));
+  v1::CheckpointRequest request;
+  request.set_id(id);
+  // Every restored worker stands at the cut, so the cut is reached at once.
+  v1::CheckpointResponse response;
+  EMBER_RETURN_IF_ERROR(checkpointer.Checkpoint(request, absl::Now(), &response));
+  spdlog::info("compacted {} into {}", restored, response.path());
+  return response;
+}
+
 }  // namespace ember

@@ -70,6 +70,14 @@ absl::StatusOr<std::vector<RestoredTable>> LoadCheckpointTables(FileSystem* fs,
                                                                 const std::string& path,
                                                                 v1::CheckpointManifest* manifest);
 
+// Compaction: restores the newest valid checkpoint of `directory` (a base
+// and its deltas) and writes it as one full checkpoint, a new base with the
+// next sequence number (named `id`, or "ckpt-<sequence>"), without a shard
+// process. Older checkpoints stay until retention deletes them.
+absl::StatusOr<v1::CheckpointResponse> CompactCheckpoints(FileSystem* fs,
+                                                          const std::string& directory,
+                                                          const std::string& id = "");
+
 class Checkpointer {
  public:
   // `shard` (and `fs`, and `metrics` when given) must outlive the

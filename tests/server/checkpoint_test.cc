@@ -254,6 +254,31 @@ TEST_F(CheckpointTest, BasePlusThreeDeltasRestoresTheSameStateAsAFullCheckpoint)
   EXPECT_EQ(ContentsOf(**from_full), expected);
 }
 
+TEST_F(CheckpointTest, CompactionRewritesBasePlusDeltasAsOneFullCheckpoint) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 5);
+  ASSERT_OK(Take(checkpointer));
+  for (int d = 0; d < 2; ++d) {
+    Train(5 + d, 6 + d);
+    auto delta = Take(checkpointer, true);
+    ASSERT_OK(delta);
+    ASSERT_EQ(delta->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+  }
+  auto compacted = CompactCheckpoints(FileSystem::Posix(), dir_, "compacted");
+  ASSERT_OK(compacted);
+  EXPECT_EQ(compacted->manifest().kind(), v1::CHECKPOINT_KIND_FULL);
+  EXPECT_EQ(compacted->manifest().sequence(), 4u);
+  EXPECT_EQ(compacted->manifest().step(), 6);
+  EXPECT_EQ(compacted->manifest().workers_size(), 2);
+  // The new base alone (its own chain) restores the same state, and is now latest.
+  auto restored = Restored("latest");
+  ASSERT_OK(restored);
+  v1::GetShardInfoResponse info;
+  (*restored)->GetShardInfo(&info);
+  EXPECT_EQ(info.restored_from(), compacted->path());
+  EXPECT_EQ(ContentsOf(**restored), ContentsOf(shard_));
+}
+
 TEST_F(CheckpointTest, DeltaSizeIsProportionalToTheRowsChanged) {
   Shard shard(Options(0, 1));
   v1::CreateTableResponse r;
