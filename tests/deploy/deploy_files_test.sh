@@ -8,10 +8,13 @@
 #  - the entrypoint (ember-shard) starts the real ember-server as the shard
 #    its pod name's ordinal says, healthy per ember-healthcheck, and refuses
 #    to start without a shard index or count.
-#   tests/deploy/deploy_files_test.sh EMBER_SERVER EMBER_HEALTHCHECK EMBER_TRAINER
+#   tests/deploy/deploy_files_test.sh EMBER_SERVER EMBER_HEALTHCHECK EMBER_TRAINER [TOOL...]
+# (the further programs the images ship: their libraries are checked too)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 server="$1" healthcheck="$2" trainer="$3"
+shift 3
+tools=("$@")
 out="$(mktemp -d)"
 server_pid=""
 cleanup() {
@@ -24,7 +27,7 @@ trap cleanup EXIT
 base="libc6 libgcc-s1 libstdc++6 zlib1g"
 listed="$(grep -v '^#' deploy/docker/runtime-packages.txt | tr '\n' ' ')"
 missing=0
-for bin in "$server" "$healthcheck" "$trainer"; do
+for bin in "$server" "$healthcheck" "$trainer" "${tools[@]}"; do
   for path in $(ldd "$bin" | awk '$2 == "=>" {print $3}'); do
     lib="$(basename "$path")"
     pkg=""
