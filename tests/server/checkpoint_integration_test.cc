@@ -2,6 +2,8 @@
 // checkpointed, SIGKILLed and restored trains on exactly like one that never
 // stopped; and a shard killed while it writes a checkpoint always restores a
 // complete one.
+#include <sys/wait.h>
+
 #include <csignal>
 #include <fstream>
 #include <random>
@@ -14,7 +16,9 @@
 #include "ember/client.h"
 #include "ember/serving_table.h"
 #include "ember/step_pipeline.h"
+#include "ember/v1/admin_service.grpc.pb.h"
 #include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
@@ -320,6 +324,108 @@ TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOld
   }
   std::printf("%d rounds restored the new checkpoint, %d the previous one\n", new_restored,
               old_restored);
+}
+
+TEST(CheckpointIntegrationTest, PeriodicAndExitCheckpointsAreWrittenListedAndRestored) {
+  const std::string dir = FreshDir("periodic");
+  const std::string config = ::testing::TempDir() + "/periodic_tables.textproto";
+  {
+    v1::TableConfigList list;
+    *list.add_tables() = AdagradTable("t", 4);
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(list, &text);
+    std::ofstream(config) << text;
+  }
+  absl::StatusOr<Cluster> shard = StartWithCheckpointDirs(
+      1, {dir},
+      {"--table_config_file=" + config, "--checkpoint_interval=1s", "--checkpoint_incremental"});
+  ASSERT_OK(shard);
+  auto client = Connect(*shard);
+  ASSERT_OK(client);
+  auto push = [&](float g) {
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 100; ++k) keys.push_back(Mix64(k));
+    std::vector<v1::PushRequest> req(1);
+    AddGradients(&req[0], "t", keys, std::vector<float>(keys.size() * 4, g));
+    std::vector<v1::PushResponse> resp;
+    return (*client)->Push(req, &resp);
+  };
+  ASSERT_OK(push(0.5f));
+  auto channel = grpc::CreateChannel((*shard)[0]->address(), grpc::InsecureChannelCredentials());
+  auto admin = v1::AdminService::NewStub(channel);
+  auto list = [&] {
+    grpc::ClientContext ctx;
+    v1::ListCheckpointsResponse resp;
+    EXPECT_TRUE(admin->ListCheckpoints(&ctx, v1::ListCheckpointsRequest(), &resp).ok());
+    return resp;
+  };
+  // Periodic: within a few intervals a checkpoint lists.
+  for (int i = 0; i < 100 && list().checkpoints_size() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GT(list().checkpoints_size(), 0) << "no periodic checkpoint after 10 s";
+  ASSERT_OK(push(-0.25f));
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 100; ++k) keys.push_back(Mix64(k));
+  auto before = (*client)->LookupRows("t", keys);
+  ASSERT_OK(before);
+  // SIGTERM: serving stops, then a last checkpoint holds the second push.
+  absl::StatusOr<int> stopped = (*shard)[0]->Stop(SIGTERM, absl::Seconds(20));
+  ASSERT_OK(stopped);
+  EXPECT_TRUE(WIFEXITED(*stopped) && WEXITSTATUS(*stopped) == 0);
+  client->reset();
+  shard = StartWithCheckpointDirs(1, {dir}, {"--restore_from=latest"});
+  ASSERT_OK(shard);
+  client = Connect(*shard);
+  ASSERT_OK(client);
+  auto after = (*client)->LookupRows("t", keys);
+  ASSERT_OK(after);
+  EXPECT_EQ(*after, *before) << "the restore lost the last push";
+  // This shard has no periodic checkpoints: only the one on exit can hold
+  // the next push.
+  ASSERT_OK(push(0.125f));
+  before = (*client)->LookupRows("t", keys);
+  ASSERT_OK(before);
+  stopped = (*shard)[0]->Stop(SIGTERM, absl::Seconds(20));
+  ASSERT_OK(stopped);
+  client->reset();
+  shard = StartWithCheckpointDirs(1, {dir}, {"--restore_from=latest"});
+  ASSERT_OK(shard);
+  client = Connect(*shard);
+  ASSERT_OK(client);
+  after = (*client)->LookupRows("t", keys);
+  ASSERT_OK(after);
+  EXPECT_EQ(*after, *before) << "the exit checkpoint did not hold the last push";
+
+  // A damaged checkpoint asked for by path: the shard refuses to start,
+  // naming the file and the fault.
+  auto infos = (*client)->ShardInfos();
+  ASSERT_OK(infos);
+  const std::string path = (*infos)[0].restored_from();
+  ASSERT_NE(path, "");
+  {
+    std::fstream f(JoinPath(path, "table-t.rows"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64);
+    f.put('\x5a');
+  }
+  std::string output;
+  const int rc = RunCommand({EMBER_SERVER_BIN, "--port=0", "--checkpoint_dir=" + dir,
+                             "--restore_from=" + path},
+                            "", &output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_NE(output.find("table-t.rows"), std::string::npos) << output;
+  EXPECT_NE(output.find("CRC32C mismatch"), std::string::npos) << output;
+
+  // A shard without a checkpoint directory says so.
+  absl::StatusOr<Cluster> plain = StartWithCheckpointDirs(1, {}, {});
+  ASSERT_OK(plain);
+  auto plain_admin = v1::AdminService::NewStub(
+      grpc::CreateChannel((*plain)[0]->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::CheckpointResponse resp;
+  grpc::Status st = plain_admin->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("--checkpoint_dir"), std::string::npos) << st.error_message();
 }
 
 }  // namespace
