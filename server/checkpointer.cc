@@ -3,7 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -150,6 +154,10 @@ absl::Status Checkpointer::Checkpoint(const v1::CheckpointRequest& request, absl
         "this shard has no checkpoint directory (start ember-server with --checkpoint_dir)");
   }
   if (!request.id().empty()) EMBER_RETURN_IF_ERROR(ValidateId(request.id()));
+  if (request.has_step() && request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'step': expected >= 0, received ", request.step()));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status s = Write(request, deadline, response);
   if (metrics_ != nullptr) {

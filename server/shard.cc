@@ -253,7 +253,8 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
   }
   std::sort(tables.begin(), tables.end(),
             [](const auto& a, const auto& b) { return a->config.name() < b->config.name(); });
-  // Rows per batch: a stripe at most, so that a batch is one write.
+  // A batch ends at the first store unit (stripe) boundary past this many
+  // rows: a few MB per file write.
   constexpr size_t kBatchRows = size_t{1} << 16;
   for (const auto& t : tables) {
     ShardSnapshot::Table& out = snap.tables.emplace_back();

@@ -761,12 +761,17 @@ absl::Status CpuStore::SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, siz
         const uint8_t* rec = Record(s, static_cast<uint32_t>(r));
         const size_t i = base + r;
         rows.keys[i] = RecordKey(rec);
+        // Pointers, not operator[]: SGD rows have no state (an empty vector).
+        float* values = rows.values.data() + i * dim_;
         if (dtype_ == DType::kFp32) {
-          memcpy(&rows.values[i * dim_], rec + value_offset_, value_bytes_);
+          memcpy(values, rec + value_offset_, value_bytes_);
         } else {
-          ConvertElements(rec + value_offset_, dtype_, &rows.values[i * dim_], DType::kFp32, dim_);
+          ConvertElements(rec + value_offset_, dtype_, values, DType::kFp32, dim_);
         }
-        memcpy(&rows.state[i * state_floats_], rec + state_offset_, state_floats_ * sizeof(float));
+        if (state_floats_ != 0) {
+          memcpy(rows.state.data() + i * state_floats_, rec + state_offset_,
+                 state_floats_ * sizeof(float));
+        }
         rows.steps[i] = has_step_ ? *StepOf(const_cast<uint8_t*>(rec)) : 0;
         rows.scores[i] = std::atomic_ref<uint32_t>(*ScoreOf(const_cast<uint8_t*>(rec)))
                              .load(std::memory_order_relaxed);

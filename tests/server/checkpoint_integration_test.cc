@@ -315,7 +315,9 @@ TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOld
                 result.ok() ? "after" : "before", id.c_str(), restored_id.c_str());
     ASSERT_TRUE(restored_id == id || restored_id == previous)
         << "restored '" << restored_id << "', expected '" << id << "' or '" << previous << "'";
-    if (result.ok()) EXPECT_EQ(restored_id, id) << "an acknowledged checkpoint was lost";
+    if (result.ok()) {
+      EXPECT_EQ(restored_id, id) << "an acknowledged checkpoint was lost";
+    }
     (restored_id == id ? new_restored : old_restored)++;
     auto now = (*client)->LookupRows("big", sample);
     ASSERT_OK(now);

@@ -201,6 +201,31 @@ TEST_F(CheckpointTest, StepAWorkerAlreadyPassedIsRefusedAndWritesNothing) {
   EXPECT_TRUE(ListCheckpointDirectory(FileSystem::Posix(), dir_).valid.empty());
 }
 
+TEST_F(CheckpointTest, BadIdOrNegativeStepIsRefusedNamingTheField) {
+  Checkpointer checkpointer(&shard_, Opts());
+  v1::CheckpointRequest req;
+  v1::CheckpointResponse resp;
+  req.set_step(-3);
+  absl::Status s = checkpointer.Checkpoint(req, absl::Now(), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("field 'step': expected >= 0, received -3"), std::string::npos) << s;
+  const std::vector<std::string> bad_ids = {"../escape", ".hidden", "a/b", std::string(129, 'x')};
+  for (const std::string& id : bad_ids) {
+    v1::CheckpointRequest bad;
+    bad.set_id(id);
+    s = checkpointer.Checkpoint(bad, absl::Now(), &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << id;
+    EXPECT_NE(s.message().find("field 'id'"), std::string::npos) << s;
+  }
+  Train(0, 2);
+  v1::CheckpointRequest named;
+  named.set_id("mine");
+  ASSERT_OK(checkpointer.Checkpoint(named, absl::Now() + absl::Seconds(5), &resp));
+  s = checkpointer.Checkpoint(named, absl::Now() + absl::Seconds(5), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_TRUE(ListCheckpointDirectory(FileSystem::Posix(), dir_).valid.size() == 1);
+}
+
 TEST_F(CheckpointTest, CutNoWorkerReachesTimesOutAndReleasesHeldPushes) {
   Checkpointer checkpointer(&shard_, Opts());
   Train(0, 3);
