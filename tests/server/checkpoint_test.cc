@@ -589,7 +589,7 @@ TEST_F(CheckpointTest, CheckpointsAndTheRestoreAreCountedInTheShardMetrics) {
   ASSERT_OK(taken);
   EXPECT_EQ(Take(checkpointer, false, 1).status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string text = registry.Expose();
-  for (const std::string line :
+  for (const std::string& line :
        {std::string("ember_checkpoints_total{kind=\"full\",result=\"ok\"} 1"),
         std::string("ember_checkpoints_total{kind=\"full\",result=\"FAILED_PRECONDITION\"} 1"),
         absl::StrCat("ember_checkpoint_last_bytes ", taken->bytes()),
