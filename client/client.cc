@@ -388,7 +388,8 @@ absl::StatusOr<ClusterCheckpoint> Client::Checkpoint(const CheckpointOptions& op
     std::vector<v1::CheckpointRequest> requests(shard_count());
     for (auto& r : requests) {
       r.set_id(out.id);
-      r.set_step(step);
+      // No worker anywhere (-1): each shard cuts at what it has applied.
+      if (step >= 0) r.set_step(step);
       r.set_incremental(options.incremental);
     }
     absl::Status s = impl_->CallShards(

@@ -70,7 +70,8 @@ struct CheckpointOptions {
   std::string id;
   // The cut on every shard. Unset: the latest step any worker has applied
   // on any shard; if a worker gets past it before every shard has cut, the
-  // cut moves two steps further (up to 3 tries).
+  // cut moves two steps further (up to 3 tries). With no registered worker
+  // on any shard, each shard cuts at what it has applied (step -1).
   std::optional<int64_t> step;
   // Deltas on each shard's previous checkpoint (CheckpointRequest.incremental).
   bool incremental = false;
