@@ -77,7 +77,7 @@ absl::Status WriteServingTable(const std::string& path, const v1::TableConfig& c
   out.append(reinterpret_cast<const char*>(keys.data()), n * 8);
   const size_t at = out.size();
   out.resize(at + n * dim * DTypeSize(dtype));
-  ConvertElements(rows.data(), DType::kFp32, out.data() + at, dtype, n * dim);
+  if (n > 0) ConvertElements(rows.data(), DType::kFp32, out.data() + at, dtype, n * dim);
   Put<uint32_t>(&out, Crc32c(out));
 
   FileSystem* fs = FileSystem::Posix();
@@ -138,7 +138,7 @@ absl::StatusOr<std::unique_ptr<ServingTable>> ServingTable::Load(const std::stri
   t->storage_dtype_ = config->dtype;
   t->initializer_ = std::make_shared<Initializer>(Initializer{config->initializer});
   t->keys_.resize(n);
-  memcpy(t->keys_.data(), data.data() + keys_at, n * 8);
+  if (n > 0) memcpy(t->keys_.data(), data.data() + keys_at, n * 8);
   for (uint64_t i = 1; i < n; ++i) {
     if (t->keys_[i - 1] >= t->keys_[i]) {
       return corrupt(absl::StrCat("keys not ascending at index ", i));

@@ -246,7 +246,7 @@ absl::Status TableFileReader::Next(SnapshotBatch* out, bool* done) {
     if (n > room / 8) return Corrupt(absl::StrCat("removed-keys block of ", n, " keys overruns the file"));
     EMBER_RETURN_IF_ERROR(Read(n * 8, &buffer_));
     out->removed.resize(n);
-    memcpy(out->removed.data(), buffer_.data(), n * 8);
+    if (n > 0) memcpy(out->removed.data(), buffer_.data(), n * 8);
     removed_ += n;
     return absl::OkStatus();
   }
@@ -270,7 +270,7 @@ absl::Status TableFileReader::Next(SnapshotBatch* out, bool* done) {
   ConvertElements(p, config_.dtype, rows.values.data(), DType::kFp32, n * dim);
   p += n * dim * DTypeSize(config_.dtype);
   rows.state.resize(n * state_floats_);
-  memcpy(rows.state.data(), p, n * state_floats_ * 4);
+  if (state_floats_ != 0) memcpy(rows.state.data(), p, n * state_floats_ * 4);  // SGD: none
   p += n * state_floats_ * 4;
   rows.steps.assign(n, 0);
   if (has_step_) {
