@@ -239,6 +239,7 @@ class StepPipeline::Impl {
 
   void Start() { net_ = std::thread([this] { NetLoop(); }); }
 
+  size_t num_features() const { return feature_table_.size(); }
   uint32_t dim(size_t feature) const { return table_dim_[feature_table_.at(feature)]; }
   int depth() const { return depth_; }
   PipelineStats Stats() const {
@@ -816,6 +817,7 @@ absl::Status StepPipeline::PushFromDevice(int64_t step, const std::vector<const 
 }
 absl::Status StepPipeline::Flush() { return impl_->Flush(); }
 absl::Status StepPipeline::Close() { return impl_->Close(); }
+size_t StepPipeline::num_features() const { return impl_->num_features(); }
 uint32_t StepPipeline::dim(size_t feature) const { return impl_->dim(feature); }
 int StepPipeline::prefetch_depth() const { return impl_->depth(); }
 PipelineStats StepPipeline::Stats() const { return impl_->Stats(); }

@@ -161,6 +161,8 @@ class StepPipeline {
   // fails with FAILED_PRECONDITION.
   absl::Status Close();
 
+  size_t num_features() const;
+  // Elements per row of feature `feature` (< num_features()).
   uint32_t dim(size_t feature) const;
   int prefetch_depth() const;
   PipelineStats Stats() const;

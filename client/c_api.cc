@@ -1,0 +1,311 @@
+// The C ABI of ember/ember_c.h over ember::Client and ember::StepPipeline.
+#include "ember/ember_c.h"
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "ember/client.h"
+#include "ember/step_pipeline.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+struct ember_client {
+  std::unique_ptr<ember::Client> client;
+};
+
+struct ember_pipeline {
+  std::unique_ptr<ember::StepPipeline> pipeline;
+  // The view of the step last waited for, so that a second wait for the
+  // same step (a caller learning the batch size first) is answered again.
+  std::optional<ember::StepView> view;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& status) {
+  last_error = std::string(status.message());
+  return static_cast<int>(status.code());
+}
+
+int Report(const absl::Status& status) {
+  if (status.ok()) return 0;
+  return Fail(status);
+}
+
+int InvalidArgument(const std::string& message) {
+  return Fail(absl::InvalidArgumentError(message));
+}
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  std::memcpy(out, s.data(), s.size() + 1);
+  return out;
+}
+
+absl::Duration Seconds(double s, absl::Duration otherwise) {
+  return s > 0 ? absl::Seconds(s) : otherwise;
+}
+
+// Messages to JSON with proto field names, so that Python reads the names it
+// would find in the .proto.
+template <typename Message>
+absl::Status AppendJson(const Message& message, std::string* out) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  out->append(json);
+  return absl::OkStatus();
+}
+
+template <typename Message>
+absl::Status JsonArray(const std::vector<Message>& messages, std::string* out) {
+  out->push_back('[');
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i > 0) out->push_back(',');
+    if (auto s = AppendJson(messages[i], out); !s.ok()) return s;
+  }
+  out->push_back(']');
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* ember_last_error(void) { return last_error.c_str(); }
+
+void ember_free_string(char* s) { std::free(s); }
+
+int ember_client_connect(const ember_client_options* options, ember_client** out) {
+  if (options == nullptr || out == nullptr) return InvalidArgument("options and out are required");
+  ember::ClientOptions client_options;
+  for (size_t i = 0; i < options->num_shards; ++i) {
+    if (options->shards[i] == nullptr) return InvalidArgument(absl::StrCat("shards[", i, "] is null"));
+    client_options.shards.emplace_back(options->shards[i]);
+  }
+  client_options.rpc_timeout = Seconds(options->rpc_timeout_s, client_options.rpc_timeout);
+  client_options.connect_timeout = Seconds(options->connect_timeout_s, client_options.connect_timeout);
+  if (options->retry_budget_s >= 0) client_options.retry_budget = absl::Seconds(options->retry_budget_s);
+  auto client = ember::Client::Connect(client_options);
+  if (!client.ok()) return Fail(client.status());
+  *out = new ember_client{std::move(*client)};
+  return 0;
+}
+
+void ember_client_free(ember_client* client) { delete client; }
+
+uint32_t ember_client_shard_count(const ember_client* client) {
+  return client->client->shard_count();
+}
+
+int ember_client_create_table(ember_client* client, const char* config_json) {
+  ember::v1::TableConfig config;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(config_json, &config);
+  if (!parsed.ok()) {
+    return InvalidArgument(absl::StrCat("table config: not an ember.v1.TableConfig in JSON: ",
+                                        parsed.message().as_string()));
+  }
+  return Report(client->client->CreateTable(config));
+}
+
+int ember_client_list_tables(ember_client* client, char** out_json) {
+  auto tables = client->client->ListTables();
+  if (!tables.ok()) return Fail(tables.status());
+  std::string json;
+  if (auto s = JsonArray(*tables, &json); !s.ok()) return Fail(s);
+  *out_json = CopyString(json);
+  return 0;
+}
+
+int ember_client_shard_infos(ember_client* client, char** out_json) {
+  auto infos = client->client->ShardInfos();
+  if (!infos.ok()) return Fail(infos.status());
+  std::string json;
+  if (auto s = JsonArray(*infos, &json); !s.ok()) return Fail(s);
+  *out_json = CopyString(json);
+  return 0;
+}
+
+int ember_client_stored_rows(ember_client* client, const char* table, uint64_t* out) {
+  auto rows = client->client->StoredRows(table);
+  if (!rows.ok()) return Fail(rows.status());
+  *out = *rows;
+  return 0;
+}
+
+int ember_client_lookup_rows(ember_client* client, const char* table, const uint64_t* keys,
+                             size_t num_keys, int read_only, float* out, size_t out_len) {
+  auto rows = client->client->LookupRows(table, absl::MakeConstSpan(keys, num_keys), read_only != 0);
+  if (!rows.ok()) return Fail(rows.status());
+  if (rows->size() != out_len) {
+    return InvalidArgument(absl::StrCat("table '", table, "': out has ", out_len,
+                                        " floats; expected ", rows->size(), " (", num_keys,
+                                        " keys x dim)"));
+  }
+  if (out_len > 0) std::memcpy(out, rows->data(), out_len * sizeof(float));
+  return 0;
+}
+
+int ember_client_checkpoint(ember_client* client, const char* options_json, char** out_json) {
+  // The options as a protobuf Struct: JSON parsing without another library.
+  google::protobuf::Struct fields;
+  if (options_json != nullptr && options_json[0] != '\0') {
+    const auto parsed = google::protobuf::util::JsonStringToMessage(options_json, &fields);
+    if (!parsed.ok()) {
+      return InvalidArgument(absl::StrCat("checkpoint options: not a JSON object: ",
+                                          parsed.message().as_string()));
+    }
+  }
+  ember::CheckpointOptions options;
+  for (const auto& [name, value] : fields.fields()) {
+    if (name == "id" && value.has_string_value()) {
+      options.id = value.string_value();
+    } else if (name == "step" && value.has_number_value()) {
+      options.step = static_cast<int64_t>(value.number_value());
+    } else if (name == "incremental" && value.has_bool_value()) {
+      options.incremental = value.bool_value();
+    } else if (name == "timeout_s" && value.has_number_value()) {
+      options.timeout = absl::Seconds(value.number_value());
+    } else {
+      return InvalidArgument(absl::StrCat(
+          "checkpoint options: unknown field '", name,
+          "' or wrong type; expected id (string), step (int), incremental (bool), timeout_s (number)"));
+    }
+  }
+  auto result = client->client->Checkpoint(options);
+  if (!result.ok()) return Fail(result.status());
+  std::string json = absl::StrCat("{\"step\":", result->step, ",\"id\":\"", result->id, "\",\"shards\":");
+  if (auto s = JsonArray(result->shards, &json); !s.ok()) return Fail(s);
+  json.push_back('}');
+  *out_json = CopyString(json);
+  return 0;
+}
+
+int ember_pipeline_create(ember_client* client, const ember_pipeline_options* options,
+                          ember_pipeline** out) {
+  if (client == nullptr || options == nullptr || out == nullptr) {
+    return InvalidArgument("client, options and out are required");
+  }
+  ember::PipelineOptions pipeline_options;
+  pipeline_options.worker_id = options->worker_id;
+  pipeline_options.staleness = options->staleness;
+  pipeline_options.prefetch_depth = options->prefetch_depth;
+  pipeline_options.first_step = options->first_step;
+  for (size_t f = 0; f < options->num_features; ++f) {
+    const ember_feature_spec& spec = options->features[f];
+    if (spec.name == nullptr || spec.table == nullptr) {
+      return InvalidArgument(absl::StrCat("features[", f, "]: name and table are required"));
+    }
+    ember::FeatureSpec feature{spec.name, spec.table, ember::Combiner::kSum};
+    switch (spec.combiner) {
+      case EMBER_COMBINER_SUM: feature.combiner = ember::Combiner::kSum; break;
+      case EMBER_COMBINER_MEAN: feature.combiner = ember::Combiner::kMean; break;
+      case EMBER_COMBINER_SQRTN: feature.combiner = ember::Combiner::kSqrtN; break;
+      default:
+        return InvalidArgument(absl::StrCat("feature '", spec.name, "': combiner ", spec.combiner,
+                                            "; expected 0 (sum), 1 (mean) or 2 (sqrtn)"));
+    }
+    pipeline_options.features.push_back(std::move(feature));
+  }
+  auto pipeline = ember::StepPipeline::Create(client->client.get(), std::move(pipeline_options));
+  if (!pipeline.ok()) return Fail(pipeline.status());
+  *out = new ember_pipeline{std::move(*pipeline), std::nullopt};
+  return 0;
+}
+
+void ember_pipeline_free(ember_pipeline* pipeline) { delete pipeline; }
+
+size_t ember_pipeline_num_features(const ember_pipeline* pipeline) {
+  return pipeline->pipeline->num_features();
+}
+
+uint32_t ember_pipeline_dim(const ember_pipeline* pipeline, size_t feature) {
+  return feature < pipeline->pipeline->num_features() ? pipeline->pipeline->dim(feature) : 0;
+}
+
+int ember_pipeline_prefetch_depth(const ember_pipeline* pipeline) {
+  return pipeline->pipeline->prefetch_depth();
+}
+
+int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
+                            const ember_feature_batch* features, size_t num_features) {
+  ember::Batch batch;
+  batch.features.resize(num_features);
+  for (size_t f = 0; f < num_features; ++f) {
+    const ember_feature_batch& in = features[f];
+    ember::FeatureBatch& fb = batch.features[f];
+    fb.offsets.assign(in.offsets, in.offsets + in.num_offsets);
+    fb.keys.assign(in.keys, in.keys + in.num_keys);
+    if (in.weights != nullptr) fb.weights.assign(in.weights, in.weights + in.num_weights);
+  }
+  return Report(pipeline->pipeline->Prefetch(step, std::move(batch)));
+}
+
+int ember_pipeline_wait(ember_pipeline* pipeline, int64_t step, int64_t* batch_size,
+                        float* const* out, const size_t* out_lens, size_t num_out) {
+  if (!pipeline->view.has_value() || pipeline->view->step != step) {
+    auto view = pipeline->pipeline->Wait(step);
+    if (!view.ok()) return Fail(view.status());
+    pipeline->view = std::move(*view);
+  }
+  const ember::StepView& view = *pipeline->view;
+  if (batch_size != nullptr) *batch_size = view.batch_size;
+  if (out == nullptr) return 0;
+  if (num_out != view.pooled.size()) {
+    return InvalidArgument(absl::StrCat("wait(step ", step, "): ", num_out,
+                                        " output buffers; expected one per feature (",
+                                        view.pooled.size(), ")"));
+  }
+  for (size_t f = 0; f < num_out; ++f) {
+    if (out_lens[f] != view.pooled[f].size()) {
+      return InvalidArgument(absl::StrCat("wait(step ", step, "): output ", f, " has ", out_lens[f],
+                                          " floats; expected ", view.pooled[f].size(), " (",
+                                          view.batch_size, " x ", pipeline->pipeline->dim(f), ")"));
+    }
+  }
+  for (size_t f = 0; f < num_out; ++f) {
+    if (out_lens[f] > 0) std::memcpy(out[f], view.pooled[f].data(), out_lens[f] * sizeof(float));
+  }
+  return 0;
+}
+
+int ember_pipeline_push(ember_pipeline* pipeline, int64_t step, const float* const* d_pooled,
+                        const size_t* lens, size_t num) {
+  std::vector<absl::Span<const float>> grads;
+  grads.reserve(num);
+  for (size_t f = 0; f < num; ++f) grads.emplace_back(d_pooled[f], lens[f]);
+  const absl::Status status = pipeline->pipeline->Push(step, grads);
+  if (status.ok() && pipeline->view.has_value() && pipeline->view->step == step) {
+    pipeline->view.reset();
+  }
+  return Report(status);
+}
+
+int ember_pipeline_flush(ember_pipeline* pipeline) { return Report(pipeline->pipeline->Flush()); }
+
+int ember_pipeline_close(ember_pipeline* pipeline) { return Report(pipeline->pipeline->Close()); }
+
+void ember_pipeline_stats_get(const ember_pipeline* pipeline, ember_pipeline_stats* out) {
+  const ember::PipelineStats stats = pipeline->pipeline->Stats();
+  out->steps_waited = stats.steps_waited;
+  out->steps_pushed = stats.steps_pushed;
+  out->wait_seconds = stats.wait_seconds;
+  out->max_wait_seconds = stats.max_wait_seconds;
+  out->keys = stats.keys;
+  out->unique_keys = stats.unique_keys;
+  out->bytes_sent = stats.bytes_sent;
+  out->bytes_received = stats.bytes_received;
+}
+
+}  // extern "C"

@@ -1,0 +1,147 @@
+/* Ember's trainer library behind a C ABI: the one way other languages and
+ * frameworks (the Python package, TensorFlow and PyTorch ops) reach it.
+ *
+ * Why C: libember_c.so carries its own gRPC, protobuf, Abseil and OpenSSL,
+ * linked statically with every symbol hidden but the ember_* functions below,
+ * so it can live in one process with TensorFlow or PyTorch, which export
+ * other versions of those libraries. Objects made through it (clients,
+ * pipelines) can be shared by every module of the process that loads it.
+ *
+ * Errors: a function returns an int status code, gRPC's numbering (0 = OK,
+ * 3 = INVALID_ARGUMENT, 9 = FAILED_PRECONDITION, 14 = UNAVAILABLE, ...); the
+ * message of the calling thread's last failure is ember_last_error().
+ *
+ * Threads: every function may be called from any thread; a client is shared,
+ * a pipeline is driven by one thread at a time (as ember::StepPipeline).
+ * None of them calls back into the caller.
+ *
+ * Memory: pointers passed in are read during the call only (copied where kept);
+ * strings returned through `char**` are the caller's, freed with
+ * ember_free_string. All buffers are host memory.
+ */
+#ifndef EMBER_EMBER_C_H_
+#define EMBER_EMBER_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EMBER_C_API __attribute__((visibility("default")))
+
+typedef struct ember_client ember_client;
+typedef struct ember_pipeline ember_pipeline;
+
+/* The message of the calling thread's last failed call ("" after none).
+ * Valid until the thread's next failing call. */
+EMBER_C_API const char* ember_last_error(void);
+EMBER_C_API void ember_free_string(char* s);
+
+/* --- Client (ember::Client) ------------------------------------------- */
+
+typedef struct {
+  const char* const* shards; /* "host:port" per shard, in shard order */
+  size_t num_shards;
+  double rpc_timeout_s;      /* <= 0: the library's default (10 s) */
+  double connect_timeout_s;  /* <= 0: 10 s */
+  double retry_budget_s;     /* < 0: 30 s; 0: no retries */
+} ember_client_options;
+
+EMBER_C_API int ember_client_connect(const ember_client_options* options, ember_client** out);
+/* Pipelines made from the client must be freed first. */
+EMBER_C_API void ember_client_free(ember_client* client);
+EMBER_C_API uint32_t ember_client_shard_count(const ember_client* client);
+/* config_json: an ember.v1.TableConfig in protobuf's JSON mapping. */
+EMBER_C_API int ember_client_create_table(ember_client* client, const char* config_json);
+/* *out_json: a JSON array of ember.v1.TableInfo as shard 0 holds them. */
+EMBER_C_API int ember_client_list_tables(ember_client* client, char** out_json);
+/* *out_json: a JSON array of ember.v1.GetShardInfoResponse, shard i's at i. */
+EMBER_C_API int ember_client_shard_infos(ember_client* client, char** out_json);
+EMBER_C_API int ember_client_stored_rows(ember_client* client, const char* table, uint64_t* out);
+/* Rows of keys[0..num_keys) of `table` into out (num_keys x dim floats;
+ * out_len must be exactly that). read_only = 0 inserts missing rows. */
+EMBER_C_API int ember_client_lookup_rows(ember_client* client, const char* table,
+                                         const uint64_t* keys, size_t num_keys, int read_only,
+                                         float* out, size_t out_len);
+/* options_json: {"id": str, "step": int, "incremental": bool, "timeout_s": num},
+ * every field optional (see ember::CheckpointOptions). *out_json:
+ * {"step": int, "id": str, "shards": [CheckpointResponse JSON, ...]}. */
+EMBER_C_API int ember_client_checkpoint(ember_client* client, const char* options_json,
+                                        char** out_json);
+
+/* --- Step pipeline (ember::StepPipeline) ------------------------------ */
+
+enum { EMBER_COMBINER_SUM = 0, EMBER_COMBINER_MEAN = 1, EMBER_COMBINER_SQRTN = 2 };
+
+typedef struct {
+  const char* name;
+  const char* table;
+  int combiner; /* EMBER_COMBINER_* */
+} ember_feature_spec;
+
+typedef struct {
+  uint32_t worker_id;
+  const ember_feature_spec* features;
+  size_t num_features;
+  int staleness;       /* negative: asynchronous */
+  int prefetch_depth;  /* -1: max(1, staleness) */
+  int64_t first_step;
+} ember_pipeline_options;
+
+/* One feature of one step in CSR form (ember::FeatureBatch). weights may be
+ * NULL (num_weights 0) for all-ones. */
+typedef struct {
+  const int64_t* offsets;
+  size_t num_offsets; /* batch_size + 1 */
+  const uint64_t* keys;
+  size_t num_keys;
+  const float* weights;
+  size_t num_weights;
+} ember_feature_batch;
+
+/* The client must outlive the pipeline. */
+EMBER_C_API int ember_pipeline_create(ember_client* client, const ember_pipeline_options* options,
+                                      ember_pipeline** out);
+/* Closes (flush, unregister; errors dropped) and frees. */
+EMBER_C_API void ember_pipeline_free(ember_pipeline* pipeline);
+EMBER_C_API size_t ember_pipeline_num_features(const ember_pipeline* pipeline);
+/* 0 when feature >= ember_pipeline_num_features. */
+EMBER_C_API uint32_t ember_pipeline_dim(const ember_pipeline* pipeline, size_t feature);
+EMBER_C_API int ember_pipeline_prefetch_depth(const ember_pipeline* pipeline);
+/* features: one per pipeline feature, in order; copied before returning. */
+EMBER_C_API int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
+                                        const ember_feature_batch* features, size_t num_features);
+/* Blocks until step's rows are pooled, then copies feature f's
+ * [batch_size, dim(f)] rows into out[f], whose length out_lens[f] must be
+ * batch_size * dim(f) (INVALID_ARGUMENT otherwise). *batch_size is set on
+ * success; pass out = NULL to learn it (the rows are then not copied, and a
+ * second call with buffers is allowed for the same step). */
+EMBER_C_API int ember_pipeline_wait(ember_pipeline* pipeline, int64_t step, int64_t* batch_size,
+                                    float* const* out, const size_t* out_lens, size_t num_out);
+/* d_pooled[f]: batch_size * dim(f) floats (lens checked); copied. */
+EMBER_C_API int ember_pipeline_push(ember_pipeline* pipeline, int64_t step,
+                                    const float* const* d_pooled, const size_t* lens, size_t num);
+EMBER_C_API int ember_pipeline_flush(ember_pipeline* pipeline);
+EMBER_C_API int ember_pipeline_close(ember_pipeline* pipeline);
+
+typedef struct {
+  int64_t steps_waited;
+  int64_t steps_pushed;
+  double wait_seconds;
+  double max_wait_seconds;
+  uint64_t keys;
+  uint64_t unique_keys;
+  uint64_t bytes_sent;
+  uint64_t bytes_received;
+} ember_pipeline_stats;
+
+EMBER_C_API void ember_pipeline_stats_get(const ember_pipeline* pipeline,
+                                          ember_pipeline_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EMBER_EMBER_C_H_ */

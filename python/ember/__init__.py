@@ -1,0 +1,19 @@
+"""Ember: a sharded embedding parameter server, from Python.
+
+    import ember
+    client = ember.Client(["127.0.0.1:5000", "127.0.0.1:5001"])
+    client.create_table("user", dim=8, optimizer={"adagrad": {"learning_rate": 0.05}})
+    pipe = ember.StepPipeline(client, features=[("user_id", "user")], staleness=0)
+    pipe.prefetch(0, [(offsets, keys)])      # returns at once
+    rows = pipe.wait(0)                      # [batch, dim] float32 per feature
+    pipe.push(0, [d_rows])                   # returns at once
+
+Framework layers: ember.tf (TensorFlow 2 / Keras) and ember.torch (PyTorch)
+are imported on their own, so that this package needs neither.
+"""
+
+from ._errors import EmberError, StatusCode
+from .client import Client, Feature, StepPipeline
+
+__all__ = ["Client", "EmberError", "Feature", "StatusCode", "StepPipeline"]
+__version__ = "0.1.0"

@@ -1,0 +1,146 @@
+"""ember.Client and ember.StepPipeline: the C++ trainer library from Python.
+
+Both are thin subclasses of the native classes in ember._ember: the per-step
+calls (prefetch, wait, push) are C++ methods with no Python frame of their own,
+run with the GIL released while they block, and read numpy arrays in place.
+"""
+
+import json
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Union
+
+from . import _ember
+
+_COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
+_DTYPES = {"fp32": "DTYPE_FP32", "fp16": "DTYPE_FP16", "bf16": "DTYPE_BF16"}
+_EVICTION = {"none": "EVICTION_POLICY_NONE", "lru": "EVICTION_POLICY_LRU", "lfu": "EVICTION_POLICY_LFU"}
+
+
+def _enum(value: str, short: Mapping[str, str]) -> str:
+    return short.get(value.lower(), value)
+
+
+class Client(_ember.Client):
+    """A trainer's connection to every shard of a cluster (ember::Client).
+
+    shards: "host:port" of every shard, in shard-index order. Connecting checks
+    that shard i reports index i of len(shards). Thread-safe: share one Client
+    among the pipelines of a process. Failures raise ember.EmberError.
+    """
+
+    def __init__(self, shards: Sequence[str], *, rpc_timeout: float = 10.0,
+                 connect_timeout: float = 10.0, retry_budget: float = 30.0):
+        super().__init__(list(shards), rpc_timeout, connect_timeout, retry_budget)
+        self._dims: Dict[str, int] = {}
+
+    def create_table(self, name: str, dim: int, *, optimizer: Mapping[str, Any],
+                     initializer: Mapping[str, Any], dtype: str = "fp32", capacity: int = 0,
+                     eviction: str = "none", ttl: Optional[Mapping[str, int]] = None,
+                     admission: Optional[Mapping[str, int]] = None) -> None:
+        """Creates a table on every shard (idempotent for an identical
+        definition). The arguments are ember.v1.TableConfig's fields; the
+        nested ones in protobuf's JSON form, e.g.
+        optimizer={"adagrad": {"learning_rate": 0.05}},
+        initializer={"truncated_normal": {"stddev": 0.05}, "seed": 7}.
+        dtype: "fp32", "fp16" or "bf16"; eviction: "none", "lru" or "lfu".
+        """
+        config: Dict[str, Any] = {
+            "name": name,
+            "dim": dim,
+            "dtype": _enum(dtype, _DTYPES),
+            "initializer": dict(initializer),
+            "optimizer": dict(optimizer),
+            "capacity": str(capacity),
+            "eviction": _enum(eviction, _EVICTION),
+        }
+        if ttl is not None:
+            config["ttl"] = {k: str(v) for k, v in ttl.items()}
+        if admission is not None:
+            config["admission"] = dict(admission)
+        self._create_table_json(json.dumps(config))
+        self._dims[name] = dim
+
+    def list_tables(self) -> list:
+        """Tables as shard 0 holds them: ember.v1.TableInfo as dicts."""
+        return json.loads(self._list_tables_json())
+
+    def shard_infos(self) -> list:
+        """Every shard's GetShardInfoResponse as a dict, shard i's at i."""
+        return json.loads(self._shard_infos_json())
+
+    def dim(self, table: str) -> int:
+        if table not in self._dims:
+            for info in self.list_tables():
+                self._dims[info["config"]["name"]] = int(info["config"]["dim"])
+        if table not in self._dims:
+            raise KeyError(f"table '{table}' does not exist on the cluster")
+        return self._dims[table]
+
+    def lookup_rows(self, table: str, keys, read_only: bool = True):
+        """Rows of `keys` (a 1-D uint64 or int64 array) as a [len(keys), dim]
+        float32 array; read_only=False inserts missing rows."""
+        return self._lookup_rows(table, keys, self.dim(table), read_only)
+
+    def checkpoint(self, id: str = "", step: Optional[int] = None, incremental: bool = False,
+                   timeout: float = 300.0) -> dict:
+        """A cluster-wide checkpoint at one step (ember::Client::Checkpoint)."""
+        options: Dict[str, Any] = {"id": id, "incremental": incremental, "timeout_s": timeout}
+        if step is not None:
+            options["step"] = step
+        return json.loads(self._checkpoint_json(json.dumps(options)))
+
+
+class Feature(NamedTuple):
+    """One sparse feature of a pipeline: its name, its table, and how one
+    example's rows are combined ("sum", "mean" or "sqrtn")."""
+
+    name: str
+    table: str
+    combiner: str = "sum"
+
+
+FeatureLike = Union[Feature, Sequence[str], Mapping[str, str]]
+
+
+def _feature(spec: FeatureLike) -> tuple:
+    if isinstance(spec, Mapping):
+        spec = Feature(**spec)
+    spec = Feature(*spec)
+    if spec.combiner not in _COMBINERS:
+        raise ValueError(f"feature '{spec.name}': combiner '{spec.combiner}'; "
+                         f"expected one of {sorted(_COMBINERS)}")
+    return (spec.name, spec.table, _COMBINERS[spec.combiner])
+
+
+class StepPipeline(_ember.StepPipeline):
+    """One trainer replica's embedding pipeline (ember::StepPipeline).
+
+        pipe.prefetch(t + 1, batch)   # returns at once; the fetch runs behind
+        rows = pipe.wait(t)           # [batch, dim] float32 per feature
+        pipe.push(t, grads)           # d(rows) per feature; returns at once
+
+    batch: per feature (a sequence in feature order, or a dict by name) a tuple
+    (offsets, keys) or (offsets, keys, weights): offsets int64 [batch + 1],
+    keys uint64 or int64, weights float32 (one per key). C-contiguous arrays
+    are read in place; prefetch copies them before it returns.
+
+    wait(step, out=None) returns new arrays, or fills `out` (one writable
+    float32 buffer per feature) and returns it. push copies the gradients.
+
+    staleness: the SSP bound s (>= 0 registers `worker_id` on every shard; a
+    lookup for step t then sees every worker's pushes up to t - s - 1);
+    negative: asynchronous. Steps are prefetched, waited and pushed in order,
+    starting at first_step. Errors raise ember.EmberError; the first failure
+    of background work is raised by the next wait, push or flush.
+    """
+
+    def __init__(self, client: Client, features: Sequence[FeatureLike], *, staleness: int = 0,
+                 worker_id: int = 0, prefetch_depth: int = -1, first_step: int = 0):
+        super().__init__(client, worker_id, [_feature(f) for f in features], staleness,
+                         prefetch_depth, first_step)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

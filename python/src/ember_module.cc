@@ -1,0 +1,359 @@
+// ember._ember: the Python binding of the C ABI (ember/ember_c.h).
+//
+// Only the C ABI is used, so this module carries no gRPC, protobuf or Abseil
+// of its own and loads beside TensorFlow or PyTorch. Every call that may
+// block (network, waiting for a step) runs with the GIL released. Arrays come
+// in through the buffer protocol without copies when they are C-contiguous
+// and of the right type; failures raise ember.EmberError(code, message).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ember/ember_c.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Raises ember.EmberError(code, message) for a failed C call.
+[[noreturn]] void Raise(int code, const std::string& message) {
+  static py::handle error_class =
+      py::object(py::module_::import("ember._errors").attr("EmberError")).release();
+  PyErr_SetObject(error_class.ptr(), py::make_tuple(code, message).ptr());
+  throw py::error_already_set();
+}
+
+// Runs a C call without the GIL, then raises its failure with the GIL held.
+template <typename Fn>
+void CallReleased(Fn&& fn) {
+  int code;
+  std::string message;
+  {
+    py::gil_scoped_release release;
+    code = fn();
+    if (code != 0) message = ember_last_error();
+  }
+  if (code != 0) Raise(code, message);
+}
+
+std::string TakeString(char* s) {
+  std::string out(s);
+  ember_free_string(s);
+  return out;
+}
+
+// A read-only view of a 1-D, C-contiguous buffer of T (numpy arrays, bytes,
+// array.array, memoryview): no copy. Other layouts or types are a TypeError
+// naming `what` with expected vs received.
+template <typename T>
+struct ArrayView {
+  py::buffer_info info;
+  const T* data() const { return static_cast<const T*>(info.ptr); }
+  size_t size() const { return static_cast<size_t>(info.size); }
+};
+
+template <typename T>
+bool KindMatches(const std::string& format) {
+  // Integer keys may arrive as int64 (TensorFlow, PyTorch) or uint64: the same
+  // 8 bytes, read as uint64 (every uint64 is a valid key).
+  const char f = format.empty() ? '?' : format.back();
+  if constexpr (std::is_same_v<T, float>) return f == 'f';
+  if constexpr (std::is_integral_v<T> && sizeof(T) == 8) {
+    return f == 'q' || f == 'Q' || f == 'l' || f == 'L';
+  }
+  return false;
+}
+
+template <typename T>
+ArrayView<T> View(const py::handle& object, const std::string& what, const char* expected) {
+  if (!py::isinstance<py::buffer>(object)) {
+    throw py::type_error(what + ": expected a buffer (numpy array) of " + expected +
+                         ", received " + std::string(py::str(py::type::of(object))));
+  }
+  py::buffer_info info = py::reinterpret_borrow<py::buffer>(object).request();
+  if (info.itemsize != static_cast<py::ssize_t>(sizeof(T)) || !KindMatches<T>(info.format)) {
+    throw py::type_error(what + ": expected " + expected + ", received format '" + info.format +
+                         "' of " + std::to_string(info.itemsize) + " bytes");
+  }
+  if (info.ndim > 1) {
+    // [batch, dim] gradients are fine as long as they are C-contiguous.
+    py::ssize_t stride = info.itemsize;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+      if (info.shape[d] > 1 && info.strides[d] != stride) {
+        throw py::type_error(what + ": expected a C-contiguous array; pass numpy.ascontiguousarray(x)");
+      }
+      stride *= info.shape[d];
+    }
+  } else if (info.ndim == 1 && info.shape[0] > 1 && info.strides[0] != info.itemsize) {
+    throw py::type_error(what + ": expected a contiguous array; pass numpy.ascontiguousarray(x)");
+  }
+  return ArrayView<T>{std::move(info)};
+}
+
+class Client {
+ public:
+  Client(const std::vector<std::string>& shards, double rpc_timeout_s, double connect_timeout_s,
+         double retry_budget_s) {
+    std::vector<const char*> addresses;
+    for (const auto& s : shards) addresses.push_back(s.c_str());
+    ember_client_options options{addresses.data(), addresses.size(), rpc_timeout_s,
+                                 connect_timeout_s, retry_budget_s};
+    CallReleased([&] { return ember_client_connect(&options, &client_); });
+  }
+  ~Client() {
+    py::gil_scoped_release release;
+    ember_client_free(client_);
+  }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  ember_client* get() const { return client_; }
+  uint32_t shard_count() const { return ember_client_shard_count(client_); }
+
+  void CreateTableJson(const std::string& json) {
+    CallReleased([&] { return ember_client_create_table(client_, json.c_str()); });
+  }
+  std::string ListTablesJson() {
+    char* out = nullptr;
+    CallReleased([&] { return ember_client_list_tables(client_, &out); });
+    return TakeString(out);
+  }
+  std::string ShardInfosJson() {
+    char* out = nullptr;
+    CallReleased([&] { return ember_client_shard_infos(client_, &out); });
+    return TakeString(out);
+  }
+  uint64_t StoredRows(const std::string& table) {
+    uint64_t rows = 0;
+    CallReleased([&] { return ember_client_stored_rows(client_, table.c_str(), &rows); });
+    return rows;
+  }
+  py::array_t<float> LookupRows(const std::string& table, const py::handle& keys, uint32_t dim,
+                                bool read_only) {
+    const auto view = View<uint64_t>(keys, "lookup_rows: keys", "uint64 or int64");
+    py::array_t<float> out({static_cast<py::ssize_t>(view.size()), static_cast<py::ssize_t>(dim)});
+    float* data = out.mutable_data();
+    const size_t len = view.size() * dim;
+    CallReleased([&] {
+      return ember_client_lookup_rows(client_, table.c_str(), view.data(), view.size(), read_only,
+                                      data, len);
+    });
+    return out;
+  }
+  std::string CheckpointJson(const std::string& options_json) {
+    char* out = nullptr;
+    CallReleased([&] { return ember_client_checkpoint(client_, options_json.c_str(), &out); });
+    return TakeString(out);
+  }
+
+ private:
+  ember_client* client_ = nullptr;
+};
+
+class StepPipeline {
+ public:
+  StepPipeline(Client& client, uint32_t worker_id,
+               const std::vector<std::tuple<std::string, std::string, int>>& features,
+               int staleness, int prefetch_depth, int64_t first_step) {
+    std::vector<ember_feature_spec> specs;
+    for (const auto& [name, table, combiner] : features) {
+      specs.push_back({name.c_str(), table.c_str(), combiner});
+      names_.push_back(name);
+    }
+    ember_pipeline_options options{worker_id, specs.data(), specs.size(), staleness,
+                                   prefetch_depth, first_step};
+    CallReleased([&] { return ember_pipeline_create(client.get(), &options, &pipeline_); });
+    for (size_t f = 0; f < names_.size(); ++f) dims_.push_back(ember_pipeline_dim(pipeline_, f));
+  }
+  ~StepPipeline() {
+    py::gil_scoped_release release;
+    ember_pipeline_free(pipeline_);
+  }
+  StepPipeline(const StepPipeline&) = delete;
+  StepPipeline& operator=(const StepPipeline&) = delete;
+
+  // batch: a sequence with one entry per feature, in order, or a mapping from
+  // feature name; each entry (offsets, keys) or (offsets, keys, weights).
+  void Prefetch(int64_t step, const py::object& batch) {
+    const size_t n = names_.size();
+    std::vector<py::object> entries(n);
+    if (py::isinstance<py::dict>(batch)) {
+      const auto dict = py::reinterpret_borrow<py::dict>(batch);
+      if (dict.size() != n) {
+        throw py::value_error("prefetch(step " + std::to_string(step) + "): batch has " +
+                              std::to_string(dict.size()) + " features; expected " +
+                              std::to_string(n) + " (" + Names() + ")");
+      }
+      for (size_t f = 0; f < n; ++f) {
+        if (!dict.contains(names_[f])) {
+          throw py::key_error("prefetch(step " + std::to_string(step) + "): batch has no feature '" +
+                              names_[f] + "'; expected " + Names());
+        }
+        entries[f] = dict[py::str(names_[f])];
+      }
+    } else {
+      const auto seq = py::reinterpret_borrow<py::sequence>(batch);
+      if (seq.size() != n) {
+        throw py::value_error("prefetch(step " + std::to_string(step) + "): batch has " +
+                              std::to_string(seq.size()) + " features; expected " +
+                              std::to_string(n) + " (" + Names() + ")");
+      }
+      for (size_t f = 0; f < n; ++f) entries[f] = seq[f];
+    }
+    std::vector<ArrayView<int64_t>> offsets;
+    std::vector<ArrayView<uint64_t>> keys;
+    std::vector<ArrayView<float>> weights;
+    std::vector<ember_feature_batch> features(n);
+    offsets.reserve(n);
+    keys.reserve(n);
+    weights.reserve(n);
+    for (size_t f = 0; f < n; ++f) {
+      const auto entry = py::reinterpret_borrow<py::sequence>(entries[f]);
+      const std::string what = "feature '" + names_[f] + "'";
+      if (entry.size() != 2 && entry.size() != 3) {
+        throw py::value_error(what + ": expected (offsets, keys) or (offsets, keys, weights), received " +
+                              std::to_string(entry.size()) + " items");
+      }
+      offsets.push_back(View<int64_t>(entry[0], what + " offsets", "int64"));
+      keys.push_back(View<uint64_t>(entry[1], what + " keys", "uint64 or int64"));
+      ember_feature_batch& fb = features[f];
+      fb.offsets = offsets.back().data();
+      fb.num_offsets = offsets.back().size();
+      fb.keys = keys.back().data();
+      fb.num_keys = keys.back().size();
+      if (entry.size() == 3 && !entry[2].is_none()) {
+        weights.push_back(View<float>(entry[2], what + " weights", "float32"));
+        fb.weights = weights.back().data();
+        fb.num_weights = weights.back().size();
+      }
+    }
+    CallReleased([&] { return ember_pipeline_prefetch(pipeline_, step, features.data(), n); });
+  }
+
+  // Returns the pooled rows ([batch, dim] float32 per feature); with `out`
+  // (one writable C-contiguous float32 buffer per feature) writes there
+  // instead and returns `out`.
+  py::object Wait(int64_t step, const py::object& out) {
+    int64_t batch = 0;
+    CallReleased([&] { return ember_pipeline_wait(pipeline_, step, &batch, nullptr, nullptr, 0); });
+    const size_t n = names_.size();
+    std::vector<float*> buffers(n);
+    std::vector<size_t> lens(n);
+    py::list result;
+    if (out.is_none()) {
+      for (size_t f = 0; f < n; ++f) {
+        py::array_t<float> a({static_cast<py::ssize_t>(batch), static_cast<py::ssize_t>(dims_[f])});
+        buffers[f] = a.mutable_data();
+        lens[f] = static_cast<size_t>(a.size());
+        result.append(std::move(a));
+      }
+    } else {
+      const auto seq = py::reinterpret_borrow<py::sequence>(out);
+      if (seq.size() != n) {
+        throw py::value_error("wait(step " + std::to_string(step) + "): out has " +
+                              std::to_string(seq.size()) + " buffers; expected " + std::to_string(n));
+      }
+      for (size_t f = 0; f < n; ++f) {
+        py::buffer_info info = py::reinterpret_borrow<py::buffer>(seq[f]).request(true);
+        if (info.itemsize != 4 || info.format != "f") {
+          throw py::type_error("wait: out[" + std::to_string(f) + "]: expected float32, received format '" +
+                               info.format + "'");
+        }
+        buffers[f] = static_cast<float*>(info.ptr);
+        lens[f] = static_cast<size_t>(info.size);
+        result.append(seq[f]);
+      }
+    }
+    CallReleased([&] {
+      return ember_pipeline_wait(pipeline_, step, &batch, buffers.data(), lens.data(), n);
+    });
+    return result;
+  }
+
+  void Push(int64_t step, const py::sequence& grads) {
+    const size_t n = grads.size();
+    std::vector<ArrayView<float>> views;
+    views.reserve(n);
+    std::vector<const float*> data(n);
+    std::vector<size_t> lens(n);
+    for (size_t f = 0; f < n; ++f) {
+      views.push_back(View<float>(grads[f], "push: grads[" + std::to_string(f) + "]", "float32"));
+      data[f] = views.back().data();
+      lens[f] = views.back().size();
+    }
+    CallReleased([&] { return ember_pipeline_push(pipeline_, step, data.data(), lens.data(), n); });
+  }
+
+  void Flush() { CallReleased([&] { return ember_pipeline_flush(pipeline_); }); }
+  void Close() { CallReleased([&] { return ember_pipeline_close(pipeline_); }); }
+
+  py::dict Stats() const {
+    ember_pipeline_stats s{};
+    ember_pipeline_stats_get(pipeline_, &s);
+    py::dict d;
+    d["steps_waited"] = s.steps_waited;
+    d["steps_pushed"] = s.steps_pushed;
+    d["wait_seconds"] = s.wait_seconds;
+    d["max_wait_seconds"] = s.max_wait_seconds;
+    d["keys"] = s.keys;
+    d["unique_keys"] = s.unique_keys;
+    d["bytes_sent"] = s.bytes_sent;
+    d["bytes_received"] = s.bytes_received;
+    return d;
+  }
+
+  const std::vector<uint32_t>& dims() const { return dims_; }
+  const std::vector<std::string>& feature_names() const { return names_; }
+  int prefetch_depth() const { return ember_pipeline_prefetch_depth(pipeline_); }
+  uintptr_t handle() const { return reinterpret_cast<uintptr_t>(pipeline_); }
+
+ private:
+  std::string Names() const {
+    std::string s;
+    for (const auto& n : names_) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }
+
+  ember_pipeline* pipeline_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<uint32_t> dims_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_ember, m) {
+  m.doc() = "Native binding of Ember's trainer library (use the ember package).";
+
+  py::class_<Client>(m, "Client")
+      .def(py::init<const std::vector<std::string>&, double, double, double>(), py::arg("shards"),
+           py::arg("rpc_timeout_s"), py::arg("connect_timeout_s"), py::arg("retry_budget_s"))
+      .def_property_readonly("shard_count", &Client::shard_count)
+      .def("_create_table_json", &Client::CreateTableJson)
+      .def("_list_tables_json", &Client::ListTablesJson)
+      .def("_shard_infos_json", &Client::ShardInfosJson)
+      .def("stored_rows", &Client::StoredRows, py::arg("table"))
+      .def("_lookup_rows", &Client::LookupRows)
+      .def("_checkpoint_json", &Client::CheckpointJson);
+
+  py::class_<StepPipeline>(m, "StepPipeline")
+      .def(py::init<Client&, uint32_t, const std::vector<std::tuple<std::string, std::string, int>>&,
+                    int, int, int64_t>(),
+           py::arg("client"), py::arg("worker_id"), py::arg("features"), py::arg("staleness"),
+           py::arg("prefetch_depth"), py::arg("first_step"), py::keep_alive<1, 2>())
+      .def("prefetch", &StepPipeline::Prefetch, py::arg("step"), py::arg("batch"))
+      .def("wait", &StepPipeline::Wait, py::arg("step"), py::arg("out") = py::none())
+      .def("push", &StepPipeline::Push, py::arg("step"), py::arg("grads"))
+      .def("flush", &StepPipeline::Flush)
+      .def("close", &StepPipeline::Close)
+      .def("stats", &StepPipeline::Stats)
+      .def_property_readonly("dims", &StepPipeline::dims)
+      .def_property_readonly("feature_names", &StepPipeline::feature_names)
+      .def_property_readonly("prefetch_depth", &StepPipeline::prefetch_depth)
+      .def_property_readonly("_handle", &StepPipeline::handle);
+}

@@ -1,0 +1,211 @@
+"""The Python client against two real shards: round trips, pooling against a
+numpy reference, errors as exceptions, and pipelines on several threads."""
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+import ember
+
+_names = (f"t{i}" for i in itertools.count())
+
+
+def new_table(client, dim=4, lr=1.0, init=None, **kw):
+    name = next(_names)
+    client.create_table(name, dim, optimizer={"sgd": {"learning_rate": lr}},
+                        initializer=init or {"zeros": {}}, **kw)
+    return name
+
+
+def csr(rows):
+    """[[keys of example 0], [keys of example 1], ...] -> (offsets, keys)."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(r) for r in rows])
+    keys = np.array([k for r in rows for k in r], dtype=np.uint64)
+    return offsets, keys
+
+
+def pool_reference(table_rows, rows, weights, combiner):
+    """numpy pooling of one feature; table_rows maps key -> row."""
+    dim = len(next(iter(table_rows.values())))
+    out = np.zeros((len(rows), dim), dtype=np.float64)
+    for i, (ks, ws) in enumerate(zip(rows, weights)):
+        if not ks:
+            continue
+        acc = sum(w * np.asarray(table_rows[k], dtype=np.float64) for k, w in zip(ks, ws))
+        if combiner == "mean":
+            acc = acc / sum(ws)
+        elif combiner == "sqrtn":
+            acc = acc / np.sqrt(sum(w * w for w in ws))
+        out[i] = acc
+    return out
+
+
+def test_create_table_is_listed_with_its_config(client):
+    name = new_table(client, dim=6, dtype="fp16", capacity=1000, eviction="lru")
+    info = {t["config"]["name"]: t for t in client.list_tables()}[name]
+    assert info["config"]["dim"] == 6
+    assert info["config"]["dtype"] == "DTYPE_FP16"
+    assert info["config"]["eviction"] == "EVICTION_POLICY_LRU"
+    assert int(info["config"]["capacity"]) == 1000
+    assert client.shard_count == 2
+    assert [s["shard_index"] for s in client.shard_infos()] == [0, 1]
+
+
+def test_pipeline_round_trip_applies_pushed_gradients(client):
+    table = new_table(client, dim=4, lr=1.0)
+    rows = [[1, 2], [2], [], [3, 1, 1]]
+    offsets, keys = csr(rows)
+    with ember.StepPipeline(client, [("f", table)], staleness=0, worker_id=1) as pipe:
+        assert pipe.dims == [4]
+        pipe.prefetch(0, [(offsets, keys)])
+        (pooled,) = pipe.wait(0)
+        assert pooled.shape == (4, 4) and pooled.dtype == np.float32
+        np.testing.assert_array_equal(pooled, 0)
+        grad = np.arange(16, dtype=np.float32).reshape(4, 4)
+        pipe.push(0, [grad])
+        pipe.flush()
+        stats = pipe.stats()
+        assert stats["steps_pushed"] == 1 and stats["keys"] == 6 and stats["unique_keys"] == 3
+    # Sum pooling: a key's gradient is the sum of d(pooled) of each example it
+    # appears in, once per occurrence; SGD with lr 1 subtracts it.
+    expected = {k: np.zeros(4) for k in (1, 2, 3)}
+    for i, ks in enumerate(rows):
+        for k in ks:
+            expected[k] -= grad[i]
+    got = client.lookup_rows(table, np.array([1, 2, 3], dtype=np.uint64))
+    np.testing.assert_allclose(got, np.stack([expected[k] for k in (1, 2, 3)]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_pooled_rows_equal_a_numpy_reference(client, combiner):
+    dim = 5
+    table = new_table(client, dim=dim, init={"uniform": {"min": -1, "max": 1}, "seed": 3})
+    rng = np.random.default_rng(7)
+    rows = [list(rng.integers(0, 50, size=rng.integers(0, 5))) for _ in range(16)]
+    weights = [list(rng.uniform(0.5, 2.0, size=len(r)).astype(np.float32)) for r in rows]
+    offsets, keys = csr(rows)
+    w = np.array([x for ws in weights for x in ws], dtype=np.float32)
+    with ember.StepPipeline(client, [ember.Feature("f", table, combiner)], staleness=-1) as pipe:
+        pipe.prefetch(0, {"f": (offsets, keys, w)})
+        (pooled,) = pipe.wait(0)
+        pipe.push(0, [np.zeros_like(pooled)])
+    unique = sorted({k for r in rows for k in r})
+    stored = client.lookup_rows(table, np.array(unique, dtype=np.uint64))
+    table_rows = dict(zip(unique, stored))
+    expected = pool_reference(table_rows, rows, weights, combiner)
+    np.testing.assert_allclose(pooled, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_int64_keys_are_read_as_the_same_uint64(client):
+    table = new_table(client, dim=2, init={"uniform": {"min": -1, "max": 1}, "seed": 1})
+    signed = np.array([-1, 5], dtype=np.int64)
+    unsigned = signed.view(np.uint64)
+    np.testing.assert_array_equal(client.lookup_rows(table, signed, read_only=False),
+                                  client.lookup_rows(table, unsigned))
+
+
+def test_wait_into_caller_buffers(client):
+    table = new_table(client, dim=3, init={"constant": {"value": 2.0}})
+    offsets, keys = csr([[1], [1, 2]])
+    out = np.full((2, 3), -7, dtype=np.float32)
+    with ember.StepPipeline(client, [("f", table)], staleness=-1) as pipe:
+        pipe.prefetch(0, [(offsets, keys)])
+        (same,) = pipe.wait(0, out=[out])
+        assert same is out
+        pipe.push(0, [np.zeros((2, 3), dtype=np.float32)])
+    np.testing.assert_array_equal(out, [[2, 2, 2], [4, 4, 4]])
+
+
+def test_bad_table_config_raises_invalid_argument_naming_the_field(client):
+    with pytest.raises(ember.EmberError) as err:
+        client.create_table("bad", 0, optimizer={"sgd": {"learning_rate": 0.1}},
+                            initializer={"zeros": {}})
+    assert err.value.code == ember.StatusCode.INVALID_ARGUMENT
+    assert "dim" in err.value.message
+    with pytest.raises(ember.EmberError) as err:
+        client.create_table("bad2", 4, optimizer={"sgdd": {}}, initializer={"zeros": {}})
+    assert err.value.code == ember.StatusCode.INVALID_ARGUMENT
+    assert "sgdd" in err.value.message
+    assert "bad" not in {t["config"]["name"] for t in client.list_tables()}
+
+
+def test_pipeline_on_a_missing_table_raises(client):
+    with pytest.raises(ember.EmberError) as err:
+        ember.StepPipeline(client, [("f", "no_such_table")])
+    assert err.value.code == ember.StatusCode.NOT_FOUND
+    assert "no_such_table" in err.value.message
+
+
+def test_out_of_order_steps_raise_failed_precondition_and_change_nothing(client):
+    table = new_table(client, dim=2)
+    offsets, keys = csr([[1]])
+    with ember.StepPipeline(client, [("f", table)], staleness=-1) as pipe:
+        pipe.prefetch(0, [(offsets, keys)])
+        with pytest.raises(ember.EmberError) as err:
+            pipe.wait(1)
+        assert err.value.code == ember.StatusCode.FAILED_PRECONDITION
+        pipe.wait(0)
+        with pytest.raises(ember.EmberError) as err:
+            pipe.push(0, [np.zeros((3, 2), dtype=np.float32)])  # wrong batch
+        assert err.value.code == ember.StatusCode.INVALID_ARGUMENT
+        assert "d_pooled" in err.value.message and "received 6" in err.value.message
+        pipe.push(0, [np.ones((1, 2), dtype=np.float32)])
+    np.testing.assert_array_equal(client.lookup_rows(table, np.array([1], dtype=np.uint64)),
+                                  [[-1, -1]])
+
+
+def test_wrong_array_types_raise_type_error_naming_the_feature(client):
+    table = new_table(client, dim=2)
+    with ember.StepPipeline(client, [("clicks", table)], staleness=-1) as pipe:
+        with pytest.raises(TypeError, match="feature 'clicks' keys: expected uint64 or int64"):
+            pipe.prefetch(0, [(np.array([0, 1], dtype=np.int64), np.array([1.5]))])
+        with pytest.raises(TypeError, match="contiguous"):
+            strided = np.arange(4, dtype=np.uint64)[::2]
+            pipe.prefetch(0, [(np.array([0, 2], dtype=np.int64), strided)])
+        with pytest.raises(KeyError, match="no feature 'clicks'"):
+            pipe.prefetch(0, {"views": (np.array([0, 0]), np.array([], dtype=np.uint64))})
+        # Nothing was prefetched: step 0 is still the next one.
+        pipe.prefetch(0, [(np.array([0, 1], dtype=np.int64), np.array([4], dtype=np.uint64))])
+        pipe.wait(0)
+        pipe.push(0, [np.zeros((1, 2), dtype=np.float32)])
+
+
+def test_connect_to_a_dead_address_raises_unavailable():
+    with pytest.raises(ember.EmberError) as err:
+        ember.Client(["127.0.0.1:1"], connect_timeout=0.5)
+    assert err.value.code in (ember.StatusCode.UNAVAILABLE, ember.StatusCode.DEADLINE_EXCEEDED)
+    assert "127.0.0.1:1" in err.value.message
+
+
+def test_pipelines_on_threads_share_a_client_and_release_the_gil(client):
+    """Four workers under SSP s = 0, one thread each: a worker's wait for step
+    t blocks until every worker pushed t - 1, which only ends if the blocked
+    waits let the other threads run."""
+    table = new_table(client, dim=2, lr=1.0)
+    workers, steps = 4, 20
+    errors = []
+
+    def run(worker):
+        try:
+            with ember.StepPipeline(client, [("f", table)], staleness=0,
+                                    worker_id=100 + worker) as pipe:
+                for step in range(steps):
+                    offsets, keys = csr([[7]])
+                    pipe.prefetch(step, [(offsets, keys)])
+                    pipe.wait(step)
+                    pipe.push(step, [np.ones((1, 2), dtype=np.float32)])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "pipelines did not finish within 60 s"
+    assert not errors, errors
+    np.testing.assert_array_equal(client.lookup_rows(table, np.array([7], dtype=np.uint64)),
+                                  [[-workers * steps] * 2])
