@@ -1,7 +1,11 @@
 // The C ABI of ember/ember_c.h over ember::Client and ember::StepPipeline.
 #include "ember/ember_c.h"
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "ember/client.h"
+#include "pooling.h"
 #include "ember/step_pipeline.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -24,6 +29,12 @@ struct ember_pipeline {
   // The view of the step last waited for, so that a second wait for the
   // same step (a caller learning the batch size first) is answered again.
   std::optional<ember::StepView> view;
+  // For ember_pipeline_prefetch_blocking: the next step to push, and whether
+  // the pipeline is closing, under mu.
+  std::mutex mu;
+  std::condition_variable pushed;
+  int64_t next_push = 0;
+  bool closing = false;
 };
 
 namespace {
@@ -76,6 +87,42 @@ absl::Status JsonArray(const std::vector<Message>& messages, std::string* out) {
     if (auto s = AppendJson(messages[i], out); !s.ok()) return s;
   }
   out->push_back(']');
+  return absl::OkStatus();
+}
+
+absl::Status ToCombiner(int combiner, ember::Combiner* out) {
+  switch (combiner) {
+    case EMBER_COMBINER_SUM: *out = ember::Combiner::kSum; return absl::OkStatus();
+    case EMBER_COMBINER_MEAN: *out = ember::Combiner::kMean; return absl::OkStatus();
+    case EMBER_COMBINER_SQRTN: *out = ember::Combiner::kSqrtN; return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "combiner ", combiner, "; expected 0 (sum), 1 (mean) or 2 (sqrtn)"));
+}
+
+// The shape checks of ember_pool_forward / _backward.
+absl::Status CheckPooling(const int64_t* offsets, size_t num_offsets, const uint32_t* inverse,
+                          size_t num_ids, size_t num_rows) {
+  if (num_offsets == 0 || offsets[0] != 0) {
+    return absl::InvalidArgumentError("pooling: offsets must start with 0 (batch + 1 entries)");
+  }
+  for (size_t i = 1; i < num_offsets; ++i) {
+    if (offsets[i] < offsets[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("pooling: offsets[", i, "] = ", offsets[i],
+                                                     " < offsets[", i - 1, "] = ", offsets[i - 1]));
+    }
+  }
+  if (static_cast<uint64_t>(offsets[num_offsets - 1]) != num_ids) {
+    return absl::InvalidArgumentError(absl::StrCat("pooling: offsets end at ",
+                                                   offsets[num_offsets - 1], "; expected ",
+                                                   num_ids, " (one per id)"));
+  }
+  for (size_t j = 0; j < num_ids; ++j) {
+    if (inverse[j] >= num_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("pooling: inverse[", j, "] = ", inverse[j],
+                                                     "; expected < ", num_rows, " (rows)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -208,23 +255,36 @@ int ember_pipeline_create(ember_client* client, const ember_pipeline_options* op
       return InvalidArgument(absl::StrCat("features[", f, "]: name and table are required"));
     }
     ember::FeatureSpec feature{spec.name, spec.table, ember::Combiner::kSum};
-    switch (spec.combiner) {
-      case EMBER_COMBINER_SUM: feature.combiner = ember::Combiner::kSum; break;
-      case EMBER_COMBINER_MEAN: feature.combiner = ember::Combiner::kMean; break;
-      case EMBER_COMBINER_SQRTN: feature.combiner = ember::Combiner::kSqrtN; break;
-      default:
-        return InvalidArgument(absl::StrCat("feature '", spec.name, "': combiner ", spec.combiner,
-                                            "; expected 0 (sum), 1 (mean) or 2 (sqrtn)"));
+    if (auto s = ToCombiner(spec.combiner, &feature.combiner); !s.ok()) {
+      return InvalidArgument(absl::StrCat("feature '", spec.name, "': ", s.message()));
     }
     pipeline_options.features.push_back(std::move(feature));
   }
   auto pipeline = ember::StepPipeline::Create(client->client.get(), std::move(pipeline_options));
   if (!pipeline.ok()) return Fail(pipeline.status());
-  *out = new ember_pipeline{std::move(*pipeline), std::nullopt};
+  *out = new ember_pipeline;
+  (*out)->pipeline = std::move(*pipeline);
+  (*out)->next_push = options->first_step;
   return 0;
 }
 
-void ember_pipeline_free(ember_pipeline* pipeline) { delete pipeline; }
+namespace {
+
+void MarkClosing(ember_pipeline* pipeline) {
+  {
+    std::lock_guard<std::mutex> lock(pipeline->mu);
+    pipeline->closing = true;
+  }
+  pipeline->pushed.notify_all();
+}
+
+}  // namespace
+
+void ember_pipeline_free(ember_pipeline* pipeline) {
+  if (pipeline == nullptr) return;
+  MarkClosing(pipeline);
+  delete pipeline;
+}
 
 size_t ember_pipeline_num_features(const ember_pipeline* pipeline) {
   return pipeline->pipeline->num_features();
@@ -236,6 +296,27 @@ uint32_t ember_pipeline_dim(const ember_pipeline* pipeline, size_t feature) {
 
 int ember_pipeline_prefetch_depth(const ember_pipeline* pipeline) {
   return pipeline->pipeline->prefetch_depth();
+}
+
+int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64_t step,
+                                     const ember_feature_batch* features, size_t num_features,
+                                     double timeout_s) {
+  const int64_t depth = pipeline->pipeline->prefetch_depth();
+  {
+    std::unique_lock<std::mutex> lock(pipeline->mu);
+    const bool room = pipeline->pushed.wait_for(
+        lock, std::chrono::duration<double>(std::max(timeout_s, 0.0)),
+        [&] { return pipeline->closing || step - pipeline->next_push <= depth; });
+    if (pipeline->closing) {
+      return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": the pipeline is closed")));
+    }
+    if (!room) {
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          "prefetch of step ", step, ": step ", step - depth - 1, " was not pushed within ",
+          timeout_s, " s (prefetch depth ", depth, ")")));
+    }
+  }
+  return ember_pipeline_prefetch(pipeline, step, features, num_features);
 }
 
 int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
@@ -286,15 +367,23 @@ int ember_pipeline_push(ember_pipeline* pipeline, int64_t step, const float* con
   grads.reserve(num);
   for (size_t f = 0; f < num; ++f) grads.emplace_back(d_pooled[f], lens[f]);
   const absl::Status status = pipeline->pipeline->Push(step, grads);
-  if (status.ok() && pipeline->view.has_value() && pipeline->view->step == step) {
-    pipeline->view.reset();
+  if (status.ok()) {
+    if (pipeline->view.has_value() && pipeline->view->step == step) pipeline->view.reset();
+    {
+      std::lock_guard<std::mutex> lock(pipeline->mu);
+      pipeline->next_push = step + 1;
+    }
+    pipeline->pushed.notify_all();
   }
   return Report(status);
 }
 
 int ember_pipeline_flush(ember_pipeline* pipeline) { return Report(pipeline->pipeline->Flush()); }
 
-int ember_pipeline_close(ember_pipeline* pipeline) { return Report(pipeline->pipeline->Close()); }
+int ember_pipeline_close(ember_pipeline* pipeline) {
+  MarkClosing(pipeline);
+  return Report(pipeline->pipeline->Close());
+}
 
 void ember_pipeline_stats_get(const ember_pipeline* pipeline, ember_pipeline_stats* out) {
   const ember::PipelineStats stats = pipeline->pipeline->Stats();
@@ -306,6 +395,31 @@ void ember_pipeline_stats_get(const ember_pipeline* pipeline, ember_pipeline_sta
   out->unique_keys = stats.unique_keys;
   out->bytes_sent = stats.bytes_sent;
   out->bytes_received = stats.bytes_received;
+}
+
+int ember_pool_forward(const int64_t* offsets, size_t num_offsets, const uint32_t* inverse,
+                       size_t num_ids, const float* weights, int combiner, const float* rows,
+                       size_t num_rows, uint32_t dim, float* pooled) {
+  ember::Combiner c;
+  if (auto s = ToCombiner(combiner, &c); !s.ok()) return Fail(s);
+  if (auto s = CheckPooling(offsets, num_offsets, inverse, num_ids, num_rows); !s.ok()) return Fail(s);
+  ember::PoolForward(absl::MakeConstSpan(offsets, num_offsets), absl::MakeConstSpan(inverse, num_ids),
+                     absl::MakeConstSpan(weights, weights == nullptr ? 0 : num_ids), c, rows, dim,
+                     pooled);
+  return 0;
+}
+
+int ember_pool_backward(const int64_t* offsets, size_t num_offsets, const uint32_t* inverse,
+                        size_t num_ids, const float* weights, int combiner, const float* d_pooled,
+                        size_t num_rows, uint32_t dim, float* d_rows) {
+  ember::Combiner c;
+  if (auto s = ToCombiner(combiner, &c); !s.ok()) return Fail(s);
+  if (auto s = CheckPooling(offsets, num_offsets, inverse, num_ids, num_rows); !s.ok()) return Fail(s);
+  if (num_rows > 0) std::memset(d_rows, 0, num_rows * dim * sizeof(float));
+  ember::PoolBackward(absl::MakeConstSpan(offsets, num_offsets), absl::MakeConstSpan(inverse, num_ids),
+                      absl::MakeConstSpan(weights, weights == nullptr ? 0 : num_ids), c, d_pooled,
+                      dim, d_rows);
+  return 0;
 }
 
 }  // extern "C"

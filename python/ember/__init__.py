@@ -13,7 +13,9 @@ are imported on their own, so that this package needs neither.
 """
 
 from ._errors import EmberError, StatusCode
+from ._ember import pool_backward, pool_forward
 from .client import Client, Feature, StepPipeline
 
-__all__ = ["Client", "EmberError", "Feature", "StatusCode", "StepPipeline"]
+__all__ = ["Client", "EmberError", "Feature", "StatusCode", "StepPipeline", "pool_backward",
+           "pool_forward"]
 __version__ = "0.1.0"

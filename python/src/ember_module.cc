@@ -10,7 +10,9 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -325,10 +327,65 @@ class StepPipeline {
   std::vector<uint32_t> dims_;
 };
 
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using OffsetArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using InverseArray = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
+
+int CombinerCode(const std::string& combiner) {
+  if (combiner == "sum") return EMBER_COMBINER_SUM;
+  if (combiner == "mean") return EMBER_COMBINER_MEAN;
+  if (combiner == "sqrtn") return EMBER_COMBINER_SQRTN;
+  throw py::value_error("combiner '" + combiner + "'; expected 'sum', 'mean' or 'sqrtn'");
+}
+
+const float* OptionalWeights(const std::optional<FloatArray>& weights, size_t num_ids) {
+  if (!weights.has_value()) return nullptr;
+  if (static_cast<size_t>(weights->size()) != num_ids) {
+    throw py::value_error("weights: expected one per id (" + std::to_string(num_ids) +
+                          "), received " + std::to_string(weights->size()));
+  }
+  return weights->data();
+}
+
+FloatArray PoolForward(const OffsetArray& offsets, const InverseArray& inverse, const FloatArray& rows,
+                       const std::string& combiner, const std::optional<FloatArray>& weights) {
+  if (rows.ndim() != 2) throw py::value_error("rows: expected [num_rows, dim]");
+  const auto dim = static_cast<uint32_t>(rows.shape(1));
+  FloatArray pooled({static_cast<py::ssize_t>(std::max<py::ssize_t>(offsets.size() - 1, 0)),
+                     static_cast<py::ssize_t>(dim)});
+  const int code = ember_pool_forward(offsets.data(), offsets.size(), inverse.data(), inverse.size(),
+                                      OptionalWeights(weights, inverse.size()), CombinerCode(combiner),
+                                      rows.data(), rows.shape(0), dim, pooled.mutable_data());
+  if (code != 0) Raise(code, ember_last_error());
+  return pooled;
+}
+
+FloatArray PoolBackward(const OffsetArray& offsets, const InverseArray& inverse,
+                        const FloatArray& d_pooled, size_t num_rows, const std::string& combiner,
+                        const std::optional<FloatArray>& weights) {
+  if (d_pooled.ndim() != 2 || d_pooled.shape(0) != offsets.size() - 1) {
+    throw py::value_error("d_pooled: expected [batch, dim] with batch = len(offsets) - 1");
+  }
+  const auto dim = static_cast<uint32_t>(d_pooled.shape(1));
+  FloatArray d_rows({static_cast<py::ssize_t>(num_rows), static_cast<py::ssize_t>(dim)});
+  const int code = ember_pool_backward(offsets.data(), offsets.size(), inverse.data(), inverse.size(),
+                                       OptionalWeights(weights, inverse.size()), CombinerCode(combiner),
+                                       d_pooled.data(), num_rows, dim, d_rows.mutable_data());
+  if (code != 0) Raise(code, ember_last_error());
+  return d_rows;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ember, m) {
   m.doc() = "Native binding of Ember's trainer library (use the ember package).";
+
+  m.def("pool_forward", &PoolForward, py::arg("offsets"), py::arg("inverse"), py::arg("rows"),
+        py::arg("combiner"), py::arg("weights") = py::none(),
+        "Pools rows[inverse[j]] per example (the pipeline's own host pooling).");
+  m.def("pool_backward", &PoolBackward, py::arg("offsets"), py::arg("inverse"), py::arg("d_pooled"),
+        py::arg("num_rows"), py::arg("combiner"), py::arg("weights") = py::none(),
+        "The gradient of pool_forward with respect to rows.");
 
   py::class_<Client>(m, "Client")
       .def(py::init<const std::vector<std::string>&, double, double, double>(), py::arg("shards"),

@@ -11,8 +11,9 @@
  * 3 = INVALID_ARGUMENT, 9 = FAILED_PRECONDITION, 14 = UNAVAILABLE, ...); the
  * message of the calling thread's last failure is ember_last_error().
  *
- * Threads: every function may be called from any thread; a client is shared,
- * a pipeline is driven by one thread at a time (as ember::StepPipeline).
+ * Threads: every function may be called from any thread; a client is shared;
+ * a pipeline's prefetches come from one thread, its waits and pushes from
+ * one thread (the same or another: see ember::StepPipeline).
  * None of them calls back into the caller.
  *
  * Memory: pointers passed in are read during the call only (copied where kept);
@@ -113,6 +114,15 @@ EMBER_C_API int ember_pipeline_prefetch_depth(const ember_pipeline* pipeline);
 /* features: one per pipeline feature, in order; copied before returning. */
 EMBER_C_API int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
                                         const ember_feature_batch* features, size_t num_features);
+/* As ember_pipeline_prefetch, but first waits (at most timeout_s) until the
+ * step fits in the prefetch depth, i.e. until step - prefetch_depth - 1 has
+ * been pushed: for an input pipeline (tf.data) that runs ahead of training on
+ * its own thread. Prefetch may run on such a thread while another drives
+ * wait and push. DEADLINE_EXCEEDED when the wait times out, CANCELLED when
+ * the pipeline is closed meanwhile; nothing is prefetched then. */
+EMBER_C_API int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64_t step,
+                                                 const ember_feature_batch* features,
+                                                 size_t num_features, double timeout_s);
 /* Blocks until step's rows are pooled, then copies feature f's
  * [batch_size, dim(f)] rows into out[f], whose length out_lens[f] must be
  * batch_size * dim(f) (INVALID_ARGUMENT otherwise). *batch_size is set on
@@ -139,6 +149,23 @@ typedef struct {
 
 EMBER_C_API void ember_pipeline_stats_get(const ember_pipeline* pipeline,
                                           ember_pipeline_stats* out);
+
+/* --- Pooling (the host code the pipeline uses) ----------------------- */
+
+/* pooled[i, :] = combine over ids j of example i of rows[inverse[j], :]
+ * (ember::PoolForward): offsets has batch + 1 entries, inverse and weights
+ * (NULL: all 1) one per id, rows num_rows x dim, pooled batch x dim
+ * (overwritten). Checked: offsets well formed, inverse[j] < num_rows. */
+EMBER_C_API int ember_pool_forward(const int64_t* offsets, size_t num_offsets,
+                                   const uint32_t* inverse, size_t num_ids,
+                                   const float* weights, int combiner, const float* rows,
+                                   size_t num_rows, uint32_t dim, float* pooled);
+/* Its gradient (ember::PoolBackward): d_rows (num_rows x dim) is zeroed,
+ * then gets every id's share of d_pooled (batch x dim), duplicates summed. */
+EMBER_C_API int ember_pool_backward(const int64_t* offsets, size_t num_offsets,
+                                    const uint32_t* inverse, size_t num_ids,
+                                    const float* weights, int combiner, const float* d_pooled,
+                                    size_t num_rows, uint32_t dim, float* d_rows);
 
 #ifdef __cplusplus
 }

@@ -26,8 +26,10 @@
 // retry budget) is returned by the next Wait, Push or Flush and by every call
 // after it; the trainer cannot know which rows that step updated.
 //
-// Thread safety: one pipeline is driven from one thread at a time; different
-// pipelines (sharing one Client) may run on different threads.
+// Thread safety: one pipeline is driven from one thread at a time, except
+// that Prefetch may be called from a second thread (an input pipeline's)
+// while the first calls Wait and Push; different pipelines (sharing one
+// Client) may run on different threads.
 //
 // Memory: by default all buffers are host memory, owned by the pipeline. With
 // PipelineOptions::device = N the rows are delivered on GPU N instead: the

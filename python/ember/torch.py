@@ -1,0 +1,291 @@
+"""Ember in PyTorch: an EmbeddingBagCollection whose tables live on Ember.
+
+TorchRec's user-facing shape: a KeyedJaggedTensor of per-feature lengths and
+values in, a KeyedTensor of pooled [batch, dim] rows per feature out. The
+forward waits for the step's rows (fetched ahead by `prefetch`), the backward
+pushes d(pooled) to the shards, where the table's optimizer applies it; the
+tables have no parameters in the module.
+
+    ebc = ember.torch.EmbeddingBagCollection(client, tables=[
+        ember.torch.EmbeddingBagConfig("user", 8, ["user_id"],
+                                       optimizer={"adagrad": {"learning_rate": 0.05}})])
+    for features, labels in ember.torch.prefetching(loader, ebc, lambda b: b[0]):
+        pooled = ebc(features).to_dict()      # {"user_id": [batch, 8]}
+        loss = ...; loss.backward()           # the backward pushes
+        dense_optimizer.step()
+
+Each forward is one step: its batch must be the one prefetched for that step
+(`prefetching` does this for a data loader; without it, forward prefetches
+and waits itself). Under torch.no_grad the forward reads the rows without a
+step (read-only, no push), for evaluation.
+"""
+
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import _ember
+from .client import Client, StepPipeline
+
+
+class KeyedJaggedTensor:
+    """Per-feature jagged ids, TorchRec's layout: `values` holds feature 0's
+    ids of every example, then feature 1's, ...; `lengths` has
+    len(keys) * batch entries (ids per feature and example); `weights`
+    (optional) one per id. TorchRec's own KeyedJaggedTensor is accepted too."""
+
+    def __init__(self, keys: Sequence[str], values: torch.Tensor, lengths: torch.Tensor,
+                 weights: Optional[torch.Tensor] = None):
+        self._keys = list(keys)
+        self._values = values
+        self._lengths = lengths
+        self._weights = weights
+
+    @staticmethod
+    def from_lengths_sync(keys, values, lengths, weights=None):
+        return KeyedJaggedTensor(keys, values, lengths, weights)
+
+    def keys(self) -> List[str]:
+        return self._keys
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    def weights_or_none(self) -> Optional[torch.Tensor]:
+        return self._weights
+
+
+class KeyedTensor:
+    """Pooled rows per feature: to_dict() gives {feature: [batch, dim]};
+    values() concatenates them along dim 1 (TorchRec's KeyedTensor)."""
+
+    def __init__(self, keys: List[str], tensors: Sequence[torch.Tensor]):
+        self._keys = keys
+        self._tensors = list(tensors)
+
+    def keys(self) -> List[str]:
+        return self._keys
+
+    def length_per_key(self) -> List[int]:
+        return [t.shape[1] for t in self._tensors]
+
+    def values(self) -> torch.Tensor:
+        return torch.cat(self._tensors, dim=1)
+
+    def to_dict(self) -> Dict[str, torch.Tensor]:
+        return dict(zip(self._keys, self._tensors))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._tensors[self._keys.index(key)]
+
+
+class EmbeddingBagConfig(NamedTuple):
+    """One Ember table and the features that look it up. optimizer and
+    initializer are ember.v1.TableConfig's, in protobuf's JSON form;
+    pooling: "sum", "mean" or "sqrtn"."""
+
+    name: str
+    embedding_dim: int
+    feature_names: List[str]
+    optimizer: Mapping[str, Any] = {"sgd": {"learning_rate": 0.01}}
+    initializer: Mapping[str, Any] = {"truncated_normal": {"stddev": 0.05}}
+    pooling: str = "sum"
+    dtype: str = "fp32"
+    capacity: int = 0
+
+
+def _csr(kjt, names: List[str]) -> List[tuple]:
+    """(offsets, keys, weights) numpy views per feature of `names`, in that
+    order, from a KeyedJaggedTensor; views of the tensors where possible."""
+    keys = list(kjt.keys())
+    lengths = kjt.lengths()
+    values = kjt.values()
+    weights = kjt.weights_or_none()
+    nf = len(keys)
+    if nf == 0 or lengths.numel() % nf != 0:
+        raise ValueError(f"KeyedJaggedTensor: {lengths.numel()} lengths for {nf} keys; "
+                         "expected len(keys) * batch")
+    batch = lengths.numel() // nf
+    per_feature = lengths.view(nf, batch).to(torch.int64)
+    offsets = torch.zeros((nf, batch + 1), dtype=torch.int64)
+    torch.cumsum(per_feature, dim=1, out=offsets[:, 1:])
+    ends = offsets[:, -1].cumsum(0).tolist()
+    values_np = values.detach().to(torch.int64).numpy()
+    weights_np = None if weights is None else weights.detach().to(torch.float32).numpy()
+    offsets_np = offsets.numpy()
+    index = {k: i for i, k in enumerate(keys)}
+    out = []
+    for name in names:
+        if name not in index:
+            raise KeyError(f"KeyedJaggedTensor has no feature '{name}'; it has {keys}")
+        f = index[name]
+        begin = ends[f - 1] if f > 0 else 0
+        entry = (offsets_np[f], values_np[begin:ends[f]])
+        if weights_np is not None:
+            entry = entry + (weights_np[begin:ends[f]],)
+        out.append(entry)
+    return out
+
+
+class _Lookup(torch.autograd.Function):
+    """forward: the step's pooled rows; backward: push d(pooled) for it."""
+
+    @staticmethod
+    def forward(ctx, anchor, pipe, step, batch_size):
+        ctx.pipe, ctx.step = pipe, step
+        out = [torch.empty((batch_size, d), dtype=torch.float32) for d in pipe.dims]
+        pipe.wait(step, out=[t.numpy() for t in out])
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        dims = ctx.pipe.dims
+        arrays = []
+        for g, d in zip(grads, dims):
+            if g is None:  # a feature the loss does not use
+                arrays.append(None)
+            else:
+                arrays.append(g.detach().to(torch.float32).contiguous().numpy())
+        batch = next((a.shape[0] for a in arrays if a is not None), 0)
+        arrays = [np.zeros((batch, d), dtype=np.float32) if a is None else a
+                  for a, d in zip(arrays, dims)]
+        ctx.pipe.push(ctx.step, arrays)
+        return None, None, None, None
+
+
+class _Pool(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, offsets, inverse, weights, combiner):
+        ctx.save_for_backward(offsets, inverse, weights)
+        ctx.combiner, ctx.num_rows = combiner, rows.shape[0]
+        w = None if weights is None else weights.numpy()
+        return torch.from_numpy(_ember.pool_forward(offsets.numpy(), inverse.numpy(),
+                                                    rows.detach().to(torch.float32).numpy(),
+                                                    combiner, w)).to(rows.dtype)
+
+    @staticmethod
+    def backward(ctx, d_pooled):
+        offsets, inverse, weights = ctx.saved_tensors
+        w = None if weights is None else weights.numpy()
+        d_rows = _ember.pool_backward(offsets.numpy(), inverse.numpy(),
+                                      d_pooled.detach().to(torch.float32).contiguous().numpy(),
+                                      ctx.num_rows, ctx.combiner, w)
+        return torch.from_numpy(d_rows).to(d_pooled.dtype), None, None, None, None
+
+
+def pool(rows: torch.Tensor, offsets: torch.Tensor, inverse: torch.Tensor,
+         weights: Optional[torch.Tensor] = None, combiner: str = "sum") -> torch.Tensor:
+    """Pools rows[inverse[j]] per example with Ember's own host pooling (the
+    code the pipeline pools and pushes with), differentiable in `rows`; in
+    fp32 whatever the dtype of `rows`."""
+    return _Pool.apply(rows, offsets.to(torch.int64).contiguous(),
+                       inverse.to(torch.int32).contiguous().view(torch.int32),
+                       None if weights is None else weights.to(torch.float32).contiguous(),
+                       combiner)
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Pooled embeddings of several sparse features from Ember tables.
+
+    client: an ember.Client; tables: EmbeddingBagConfig per table (created on
+    the cluster if missing; an existing table must have the same
+    definition). staleness / worker_id: the pipeline's SSP bound and worker
+    id (one per trainer replica). The module owns one ember.StepPipeline;
+    close() (or the end of a `with`) flushes and unregisters it.
+    """
+
+    def __init__(self, client: Client, tables: Sequence[EmbeddingBagConfig], *,
+                 staleness: int = 0, worker_id: int = 0, prefetch_depth: int = -1,
+                 first_step: int = 0, create_tables: bool = True):
+        super().__init__()
+        self._client = client
+        features = []
+        for t in tables:
+            if create_tables:
+                client.create_table(t.name, t.embedding_dim, optimizer=t.optimizer,
+                                    initializer=t.initializer, dtype=t.dtype, capacity=t.capacity)
+            features += [(f, t.name, t.pooling) for f in t.feature_names]
+        self._features = features
+        self._names = [f[0] for f in features]
+        self._pipe = StepPipeline(client, features, staleness=staleness, worker_id=worker_id,
+                                  prefetch_depth=prefetch_depth, first_step=first_step)
+        self._next_prefetch = first_step
+        self._next_forward = first_step
+        self._batch_sizes: Dict[int, int] = {}
+        # Autograd reaches _Lookup.backward only through an input that needs
+        # a gradient: this empty tensor is that input (it gets none).
+        self._anchor = torch.zeros(0, requires_grad=True)
+
+    @property
+    def feature_names(self) -> List[str]:
+        return self._names
+
+    @property
+    def pipeline(self) -> StepPipeline:
+        return self._pipe
+
+    def prefetch(self, features) -> int:
+        """Starts fetching the rows of the next step's batch; returns the step."""
+        step = self._next_prefetch
+        csr = _csr(features, self._names)
+        self._pipe.prefetch(step, csr)
+        self._batch_sizes[step] = len(csr[0][0]) - 1
+        self._next_prefetch += 1
+        return step
+
+    def forward(self, features) -> KeyedTensor:
+        if not torch.is_grad_enabled():
+            return self._read_only(features)
+        step = self._next_forward
+        if step == self._next_prefetch:
+            self.prefetch(features)
+        self._next_forward += 1
+        pooled = _Lookup.apply(self._anchor, self._pipe, step, self._batch_sizes.pop(step))
+        return KeyedTensor(self._names, pooled)
+
+    def _read_only(self, features) -> KeyedTensor:
+        out = []
+        for (name, table, pooling), (offsets, keys, *w) in zip(self._features,
+                                                                _csr(features, self._names)):
+            unique, inverse = np.unique(keys.view(np.uint64), return_inverse=True)
+            rows = self._client.lookup_rows(table, unique)
+            out.append(torch.from_numpy(_ember.pool_forward(
+                offsets, inverse.astype(np.uint32), rows, pooling, w[0] if w else None)))
+        return KeyedTensor(self._names, out)
+
+    def flush(self) -> None:
+        """Blocks until every push so far is applied on the shards."""
+        self._pipe.flush()
+
+    def close(self) -> None:
+        self._pipe.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def prefetching(loader: Iterable, ebc: EmbeddingBagCollection,
+                features: Callable[[Any], Any] = lambda batch: batch) -> Iterator[Any]:
+    """Yields the loader's batches, with the next batch's rows already being
+    fetched: batch t + 1 is prefetched before batch t is yielded, so the
+    fetch runs while step t computes. `features(batch)` picks the
+    KeyedJaggedTensor out of a batch."""
+    it = iter(loader)
+    try:
+        current = next(it)
+    except StopIteration:
+        return
+    ebc.prefetch(features(current))
+    for nxt in it:
+        ebc.prefetch(features(nxt))
+        yield current
+        current = nxt
+    yield current

@@ -1,0 +1,323 @@
+// TensorFlow ops over Ember's C ABI (ember/ember_c.h), loaded by ember.tf:
+//
+//   EmberPrefetch(step, offsets[N], keys[N], weights[W]) -> step
+//       starts fetching a step's rows (in a tf.data map, ahead of training);
+//   EmberLookup(step, anchor) -> pooled[N]
+//       waits for the step's rows: [batch, dim_f] float32 per feature;
+//   EmberPush(step, grads[N]) -> anchor_grad
+//       pushes d(pooled); the gradient of EmberLookup (python/ember/tf.py).
+//
+// The pipeline is an attribute (the address of an ember_pipeline made by the
+// Python package in this process). Prefetch and Lookup block, so they are
+// asynchronous kernels that run on a thread of their own per kernel: no TF
+// inter-op thread waits on the network.
+//
+// This library is compiled against TensorFlow's headers (its Abseil and
+// protobuf) and must not link Debian's: it reaches libember_c.so, which
+// ember._ember has already loaded, through dlopen/dlsym, so libember_c.so
+// keeps its own symbol scope.
+#include <dlfcn.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ember/ember_c.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace ember_tf {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+// The C ABI, resolved once from the libember_c.so beside this library.
+struct EmberApi {
+  decltype(&ember_last_error) last_error = nullptr;
+  decltype(&ember_pipeline_prefetch_blocking) prefetch_blocking = nullptr;
+  decltype(&ember_pipeline_wait) wait = nullptr;
+  decltype(&ember_pipeline_push) push = nullptr;
+  std::string error;
+
+  static const EmberApi& Get() {
+    static const EmberApi api = Load();
+    return api;
+  }
+
+ private:
+  static EmberApi Load() {
+    EmberApi api;
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&EmberApi::Get), &info) == 0 || info.dli_fname == nullptr) {
+      api.error = "cannot locate the ember op library on disk";
+      return api;
+    }
+    std::string path = info.dli_fname;
+    path = path.substr(0, path.rfind('/') + 1) + "libember_c.so";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      api.error = std::string("cannot load ") + path + ": " + dlerror();
+      return api;
+    }
+    api.last_error = reinterpret_cast<decltype(api.last_error)>(dlsym(lib, "ember_last_error"));
+    api.prefetch_blocking =
+        reinterpret_cast<decltype(api.prefetch_blocking)>(dlsym(lib, "ember_pipeline_prefetch_blocking"));
+    api.wait = reinterpret_cast<decltype(api.wait)>(dlsym(lib, "ember_pipeline_wait"));
+    api.push = reinterpret_cast<decltype(api.push)>(dlsym(lib, "ember_pipeline_push"));
+    if (!api.last_error || !api.prefetch_blocking || !api.wait || !api.push) {
+      api.error = path + " lacks a function this op library needs (a different build?)";
+    }
+    return api;
+  }
+};
+
+absl::Status FromEmber(int code, const char* what) {
+  const EmberApi& api = EmberApi::Get();
+  return absl::Status(static_cast<absl::StatusCode>(code), std::string(what) + ": " + api.last_error());
+}
+
+absl::Status PipelineAttr(OpKernelConstruction* ctx, ember_pipeline** pipeline) {
+  int64_t handle = 0;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("pipeline", &handle));
+  if (handle == 0) return absl::InvalidArgumentError("attr 'pipeline': expected a pipeline, received 0");
+  const EmberApi& api = EmberApi::Get();
+  if (!api.error.empty()) return absl::InternalError(api.error);
+  *pipeline = reinterpret_cast<ember_pipeline*>(static_cast<uintptr_t>(handle));
+  return absl::OkStatus();
+}
+
+// One thread that runs a kernel's blocking calls in order.
+class Worker {
+ public:
+  Worker() : thread_([this] { Run(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Schedule(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+absl::Status ScalarStep(OpKernelContext* ctx, int64_t* step) {
+  const Tensor& t = ctx->input(0);
+  if (!tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+    return absl::InvalidArgumentError("input 'step': expected a scalar, received shape " +
+                                      t.shape().DebugString());
+  }
+  *step = t.scalar<int64_t>()();
+  return absl::OkStatus();
+}
+
+class PrefetchOp : public AsyncOpKernel {
+ public:
+  explicit PrefetchOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("W", &w_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_));
+    OP_REQUIRES(ctx, w_ == 0 || w_ == n_,
+                absl::InvalidArgumentError("attr W: expected 0 or N weights tensors"));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    int64_t step = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, ScalarStep(ctx, &step), done);
+    std::vector<ember_feature_batch> features(n_);
+    for (int f = 0; f < n_; ++f) {
+      const Tensor& offsets = ctx->input(1 + f);
+      const Tensor& keys = ctx->input(1 + n_ + f);
+      features[f].offsets = offsets.flat<int64_t>().data();
+      features[f].num_offsets = offsets.NumElements();
+      // int64 ids, read as the same 8 bytes of uint64 (every uint64 is a key).
+      features[f].keys = reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data());
+      features[f].num_keys = keys.NumElements();
+      if (w_ > 0) {
+        const Tensor& weights = ctx->input(1 + 2 * n_ + f);
+        features[f].weights = weights.flat<float>().data();
+        features[f].num_weights = weights.NumElements();
+      }
+    }
+    // The inputs stay alive until done() is called.
+    worker_.Schedule([this, ctx, step, features = std::move(features), done = std::move(done)] {
+      const int code = EmberApi::Get().prefetch_blocking(pipeline_, step, features.data(),
+                                                         features.size(), timeout_);
+      if (code != 0) {
+        ctx->SetStatus(FromEmber(code, "EmberPrefetch"));
+      } else {
+        Tensor* out = nullptr;
+        auto s = ctx->allocate_output(0, TensorShape({}), &out);
+        if (s.ok()) out->scalar<int64_t>()() = step;
+        ctx->SetStatus(s);
+      }
+      done();
+    });
+  }
+
+ private:
+  ember_pipeline* pipeline_ = nullptr;
+  int n_ = 0;
+  int w_ = 0;
+  float timeout_ = 600;
+  Worker worker_;
+};
+
+class LookupOp : public AsyncOpKernel {
+ public:
+  explicit LookupOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims_));
+    int n = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
+    OP_REQUIRES(ctx, n == static_cast<int>(dims_.size()),
+                absl::InvalidArgumentError("attr N: expected len(dims)"));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    int64_t step = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, ScalarStep(ctx, &step), done);
+    worker_.Schedule([this, ctx, step, done = std::move(done)] {
+      ctx->SetStatus(Lookup(ctx, step));
+      done();
+    });
+  }
+
+ private:
+  absl::Status Lookup(OpKernelContext* ctx, int64_t step) {
+    const EmberApi& api = EmberApi::Get();
+    int64_t batch = 0;
+    int code = api.wait(pipeline_, step, &batch, nullptr, nullptr, 0);
+    if (code != 0) return FromEmber(code, "EmberLookup");
+    std::vector<float*> out(dims_.size());
+    std::vector<size_t> lens(dims_.size());
+    for (size_t f = 0; f < dims_.size(); ++f) {
+      Tensor* t = nullptr;
+      auto s = ctx->allocate_output(static_cast<int>(f), TensorShape({batch, dims_[f]}), &t);
+      if (!s.ok()) return s;
+      out[f] = t->flat<float>().data();
+      lens[f] = static_cast<size_t>(t->NumElements());
+    }
+    code = api.wait(pipeline_, step, &batch, out.data(), lens.data(), out.size());
+    return code == 0 ? absl::OkStatus() : FromEmber(code, "EmberLookup");
+  }
+
+  ember_pipeline* pipeline_ = nullptr;
+  std::vector<int64_t> dims_;
+  Worker worker_;
+};
+
+// Push copies the gradients and returns at once: an ordinary kernel.
+class PushOp : public OpKernel {
+ public:
+  explicit PushOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t step = 0;
+    OP_REQUIRES_OK(ctx, ScalarStep(ctx, &step));
+    std::vector<const float*> grads(n_);
+    std::vector<size_t> lens(n_);
+    for (int f = 0; f < n_; ++f) {
+      const Tensor& g = ctx->input(1 + f);
+      grads[f] = g.flat<float>().data();
+      lens[f] = static_cast<size_t>(g.NumElements());
+    }
+    const int code = EmberApi::Get().push(pipeline_, step, grads.data(), lens.data(), grads.size());
+    OP_REQUIRES(ctx, code == 0, FromEmber(code, "EmberPush"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0}), &out));
+  }
+
+ private:
+  ember_pipeline* pipeline_ = nullptr;
+  int n_ = 0;
+};
+
+}  // namespace ember_tf
+
+REGISTER_OP("EmberPrefetch")
+    .Input("step: int64")
+    .Input("offsets: N * int64")
+    .Input("keys: N * int64")
+    .Input("weights: W * float")
+    .Output("out_step: int64")
+    .Attr("pipeline: int")
+    .Attr("N: int >= 1")
+    .Attr("W: int >= 0")
+    .Attr("timeout_seconds: float = 600")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("EmberLookup")
+    .Input("step: int64")
+    .Input("anchor: float")
+    .Output("pooled: N * float")
+    .Attr("pipeline: int")
+    .Attr("dims: list(int)")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      for (size_t f = 0; f < dims.size(); ++f) {
+        c->set_output(static_cast<int>(f), c->Matrix(tensorflow::shape_inference::InferenceContext::kUnknownDim, dims[f]));
+      }
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("EmberPush")
+    .Input("step: int64")
+    .Input("grads: N * float")
+    .Output("anchor_grad: float")
+    .Attr("pipeline: int")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(0));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("EmberPrefetch").Device(tensorflow::DEVICE_CPU), ember_tf::PrefetchOp);
+REGISTER_KERNEL_BUILDER(Name("EmberLookup").Device(tensorflow::DEVICE_CPU), ember_tf::LookupOp);
+REGISTER_KERNEL_BUILDER(Name("EmberPush").Device(tensorflow::DEVICE_CPU), ember_tf::PushOp);
