@@ -12,11 +12,13 @@ BUILD_PACKAGES=(
   libabsl-dev libspdlog-dev libcivetweb-dev libjemalloc-dev
 )
 # Tests and tools: GoogleTest; Redis for the peer comparison; promtool and
-# Prometheus for the metrics tests; yamllint and kubectl for the manifests.
+# Prometheus for the metrics tests; yamllint and kubectl for the manifests;
+# Python's venv and headers for the Python package (its wheels come from PyPI).
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev
   redis-server libhiredis-dev
   prometheus yamllint
+  python3-venv python3-dev
 )
 
 PACKAGES=("${BUILD_PACKAGES[@]}")

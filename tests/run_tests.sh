@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, builds, runs every CTest test
-# (unit, integration with real ember-server processes; GPU tests skip without
-# a GPU), then the concurrency tests again under ThreadSanitizer (metrics,
+# The whole test suite: installs what it needs (Debian packages, and a Python
+# virtual environment in .venv), builds, runs every CTest test (unit,
+# integration with real ember-server processes, the Python package's pytest
+# suites; GPU tests skip without a GPU), then the concurrency tests again under ThreadSanitizer (metrics,
 # store stress, shard and SSP, and the client against real shards), and the store,
 # shard, server and client tests under AddressSanitizer + UBSan.
 #   bash tests/run_tests.sh          # everything
@@ -10,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash deploy/install-deps.sh
-bash scripts/build.sh
+# The Python package's environment (.venv: numpy, pytest, PyTorch, TensorFlow).
+PYTHON="$(bash scripts/python_env.sh | tail -1)"
+bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then

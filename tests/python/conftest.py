@@ -1,16 +1,11 @@
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from ember_cluster import Cluster  # noqa: E402
+from ember.local_cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    with Cluster(shards=2) as c:
+    with LocalCluster(shards=2) as c:
         yield c
 
 

@@ -1,12 +1,19 @@
-"""Real ember-server processes on 127.0.0.1 for the Python tests.
+"""A local Ember cluster: ember-server processes on 127.0.0.1, for tests,
+examples and notebooks.
+
+    with ember.local_cluster.LocalCluster(shards=2) as cluster:
+        client = ember.Client(cluster.addresses)
 
 Each shard starts with --port=0 and reports "EMBER_READY port=N" on stdout;
 start-up is bounded, and every process is killed when the cluster stops.
+The binary: $EMBER_SERVER_BIN, else build/server/ember-server of the source
+tree this package was built in, else `ember-server` on PATH.
 """
 
 import os
 import re
 import select
+import shutil
 import subprocess
 import time
 
@@ -16,15 +23,19 @@ READY = re.compile(r"EMBER_READY port=(\d+)")
 def server_binary() -> str:
     path = os.environ.get("EMBER_SERVER_BIN")
     if not path:
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        path = os.path.join(root, "build", "server", "ember-server")
+        # build/python/ember/local_cluster.py -> build/server/ember-server
+        build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.path.join(build, "server", "ember-server")
+        if not os.access(path, os.X_OK):
+            path = shutil.which("ember-server") or path
     if not os.access(path, os.X_OK):
         raise RuntimeError(f"ember-server not found at {path}; build it or set EMBER_SERVER_BIN")
     return path
 
 
-class Cluster:
-    """`shards` ember-server processes, shard i of `shards`."""
+class LocalCluster:
+    """`shards` ember-server processes, shard i of `shards`; `pids` for
+    measuring their CPU."""
 
     def __init__(self, shards: int = 2, extra_args=(), timeout: float = 30.0):
         self.procs = []
@@ -57,6 +68,10 @@ class Cluster:
                 break
         raise RuntimeError(f"shard {index} did not report ready within {timeout} s "
                            f"(exit code {proc.poll()})")
+
+    @property
+    def pids(self):
+        return [p.pid for p in self.procs]
 
     def stop(self):
         for proc in self.procs:
