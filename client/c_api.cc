@@ -300,20 +300,30 @@ int ember_pipeline_prefetch_depth(const ember_pipeline* pipeline) {
 
 int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64_t step,
                                      const ember_feature_batch* features, size_t num_features,
-                                     double timeout_s) {
+                                     double timeout_s, const int* cancel) {
   const int64_t depth = pipeline->pipeline->prefetch_depth();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::max(timeout_s, 0.0)));
   {
     std::unique_lock<std::mutex> lock(pipeline->mu);
-    const bool room = pipeline->pushed.wait_for(
-        lock, std::chrono::duration<double>(std::max(timeout_s, 0.0)),
-        [&] { return pipeline->closing || step - pipeline->next_push <= depth; });
-    if (pipeline->closing) {
-      return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": the pipeline is closed")));
-    }
-    if (!room) {
-      return Fail(absl::DeadlineExceededError(absl::StrCat(
-          "prefetch of step ", step, ": step ", step - depth - 1, " was not pushed within ",
-          timeout_s, " s (prefetch depth ", depth, ")")));
+    // Wakes on every push; polls `cancel` (set by another thread without
+    // this lock) every 5 ms.
+    for (;;) {
+      if (pipeline->closing) {
+        return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": the pipeline is closed")));
+      }
+      if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_ACQUIRE) != 0) {
+        return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": cancelled")));
+      }
+      if (step - pipeline->next_push <= depth) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return Fail(absl::DeadlineExceededError(absl::StrCat(
+            "prefetch of step ", step, ": step ", step - depth - 1, " was not pushed within ",
+            timeout_s, " s (prefetch depth ", depth, ")")));
+      }
+      pipeline->pushed.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(5)));
     }
   }
   return ember_pipeline_prefetch(pipeline, step, features, num_features);

@@ -96,6 +96,13 @@ class EmbeddingLayer(tf.keras.layers.Layer):
         self._inline_step.assign(first_step)
 
     @property
+    def anchor(self):
+        """The layer's only weight, empty: ask the tape for its gradient
+        (tape.gradient(loss, [..., layer.anchor])) and the push runs; applying
+        that gradient is optional (Keras' fit does, on no elements)."""
+        return self._anchor
+
+    @property
     def pipeline(self) -> StepPipeline:
         return self._pipe
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ember/ember_c.h"
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -177,10 +178,23 @@ class PrefetchOp : public AsyncOpKernel {
         features[f].num_weights = weights.NumElements();
       }
     }
+    // A blocked prefetch (waiting for training to push) must end when its
+    // step is cancelled, e.g. when an iterator is torn down after an error.
+    auto cancelled = std::make_shared<int>(0);
+    tensorflow::CancellationManager* cm = ctx->cancellation_manager();
+    tensorflow::CancellationToken token = tensorflow::CancellationManager::kInvalidToken;
+    if (cm != nullptr) {
+      token = cm->get_cancellation_token();
+      const bool registered =
+          cm->RegisterCallback(token, [cancelled] { __atomic_store_n(cancelled.get(), 1, __ATOMIC_RELEASE); });
+      OP_REQUIRES_ASYNC(ctx, registered, absl::CancelledError("EmberPrefetch: cancelled"), done);
+    }
     // The inputs stay alive until done() is called.
-    worker_.Schedule([this, ctx, step, features = std::move(features), done = std::move(done)] {
+    worker_.Schedule([this, ctx, step, cm, token, cancelled, features = std::move(features),
+                      done = std::move(done)] {
       const int code = EmberApi::Get().prefetch_blocking(pipeline_, step, features.data(),
-                                                         features.size(), timeout_);
+                                                         features.size(), timeout_, cancelled.get());
+      if (cm != nullptr) cm->DeregisterCallback(token);
       if (code != 0) {
         ctx->SetStatus(FromEmber(code, "EmberPrefetch"));
       } else {

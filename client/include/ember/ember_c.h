@@ -119,10 +119,12 @@ EMBER_C_API int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
  * been pushed: for an input pipeline (tf.data) that runs ahead of training on
  * its own thread. Prefetch may run on such a thread while another drives
  * wait and push. DEADLINE_EXCEEDED when the wait times out, CANCELLED when
- * the pipeline is closed meanwhile; nothing is prefetched then. */
+ * the pipeline is closed meanwhile or *cancel (if not NULL; read atomically,
+ * every few milliseconds) becomes nonzero; nothing is prefetched then. */
 EMBER_C_API int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64_t step,
                                                  const ember_feature_batch* features,
-                                                 size_t num_features, double timeout_s);
+                                                 size_t num_features, double timeout_s,
+                                                 const int* cancel);
 /* Blocks until step's rows are pooled, then copies feature f's
  * [batch_size, dim(f)] rows into out[f], whose length out_lens[f] must be
  * batch_size * dim(f) (INVALID_ARGUMENT otherwise). *batch_size is set on
