@@ -137,22 +137,32 @@ class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, pipe, step, batch_size):
         ctx.pipe, ctx.step = pipe, step
-        out = [torch.empty((batch_size, d), dtype=torch.float32) for d in pipe.dims]
-        pipe.wait(step, out=[t.numpy() for t in out])
+        dims = pipe.dims
+        # One allocation; each feature's rows are a contiguous piece of it.
+        flat = torch.empty(batch_size * sum(dims), dtype=torch.float32)
+        flat_np = flat.numpy()
+        out, views, at = [], [], 0
+        for d in dims:
+            n = batch_size * d
+            out.append(flat[at:at + n].view(batch_size, d))
+            views.append(flat_np[at:at + n])
+            at += n
+        pipe.wait(step, out=views)
         return tuple(out)
 
     @staticmethod
     def backward(ctx, *grads):
-        dims = ctx.pipe.dims
         arrays = []
-        for g, d in zip(grads, dims):
+        for g, d in zip(grads, ctx.pipe.dims):
             if g is None:  # a feature the loss does not use
                 arrays.append(None)
-            else:
-                arrays.append(g.detach().to(torch.float32).contiguous().numpy())
+                continue
+            if g.dtype != torch.float32:
+                g = g.float()
+            arrays.append((g if g.is_contiguous() else g.contiguous()).numpy())
         batch = next((a.shape[0] for a in arrays if a is not None), 0)
         arrays = [np.zeros((batch, d), dtype=np.float32) if a is None else a
-                  for a, d in zip(arrays, dims)]
+                  for a, d in zip(arrays, ctx.pipe.dims)]
         ctx.pipe.push(ctx.step, arrays)
         return None, None, None, None
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -315,6 +316,66 @@ class StepPipeline {
   int prefetch_depth() const { return ember_pipeline_prefetch_depth(pipeline_); }
   uintptr_t handle() const { return reinterpret_cast<uintptr_t>(pipeline_); }
 
+  // The baseline of bench/python_overhead.py: the loop a Python trainer runs
+  // (prefetch t + 1, wait t, push t with zero gradients), in C++ over the
+  // same C ABI, with no Python per step. `batches` as prefetch takes them,
+  // cycled; steps first_step .. first_step + steps - 1, and first_step must
+  // be the next step to prefetch. Returns seconds.
+  double RunNativeLoop(const py::list& batches, int64_t first_step, int64_t steps) {
+    const size_t n = names_.size();
+    std::vector<std::vector<ArrayView<int64_t>>> offsets(batches.size());
+    std::vector<std::vector<ArrayView<uint64_t>>> keys(batches.size());
+    std::vector<std::vector<ember_feature_batch>> features(batches.size());
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const auto seq = py::reinterpret_borrow<py::sequence>(batches[b]);
+      for (size_t f = 0; f < n; ++f) {
+        const auto entry = py::reinterpret_borrow<py::sequence>(seq[f]);
+        offsets[b].push_back(View<int64_t>(entry[0], "offsets", "int64"));
+        keys[b].push_back(View<uint64_t>(entry[1], "keys", "uint64 or int64"));
+      }
+      for (size_t f = 0; f < n; ++f) {
+        features[b].push_back({offsets[b][f].data(), offsets[b][f].size(), keys[b][f].data(),
+                               keys[b][f].size(), nullptr, 0});
+      }
+    }
+    int code = 0;
+    std::string message;
+    double seconds = 0;
+    {
+      py::gil_scoped_release release;
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<std::vector<float>> rows(n), grads(n);
+      std::vector<float*> out(n);
+      std::vector<const float*> in(n);
+      std::vector<size_t> lens(n);
+      auto fail = [&](int c) { code = c; message = ember_last_error(); };
+      const size_t nb = features.size();
+      if ((code = ember_pipeline_prefetch(pipeline_, first_step, features[0].data(), n)) != 0) fail(code);
+      for (int64_t t = first_step; code == 0 && t < first_step + steps; ++t) {
+        if (t + 1 < first_step + steps &&
+            (code = ember_pipeline_prefetch(pipeline_, t + 1,
+                                            features[(t + 1 - first_step) % nb].data(), n)) != 0) {
+          fail(code);
+          break;
+        }
+        int64_t batch = 0;
+        if ((code = ember_pipeline_wait(pipeline_, t, &batch, nullptr, nullptr, 0)) != 0) { fail(code); break; }
+        for (size_t f = 0; f < n; ++f) {
+          rows[f].resize(batch * dims_[f]);
+          grads[f].assign(batch * dims_[f], 0.0f);
+          out[f] = rows[f].data();
+          in[f] = grads[f].data();
+          lens[f] = rows[f].size();
+        }
+        if ((code = ember_pipeline_wait(pipeline_, t, &batch, out.data(), lens.data(), n)) != 0) { fail(code); break; }
+        if ((code = ember_pipeline_push(pipeline_, t, in.data(), lens.data(), n)) != 0) { fail(code); break; }
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    if (code != 0) Raise(code, message);
+    return seconds;
+  }
+
  private:
   std::string Names() const {
     std::string s;
@@ -412,5 +473,7 @@ PYBIND11_MODULE(_ember, m) {
       .def_property_readonly("dims", &StepPipeline::dims)
       .def_property_readonly("feature_names", &StepPipeline::feature_names)
       .def_property_readonly("prefetch_depth", &StepPipeline::prefetch_depth)
-      .def_property_readonly("_handle", &StepPipeline::handle);
+      .def_property_readonly("_handle", &StepPipeline::handle)
+      .def("_run_native_loop", &StepPipeline::RunNativeLoop, py::arg("batches"),
+           py::arg("first_step"), py::arg("steps"));
 }

@@ -1,0 +1,158 @@
+"""Per-step cost of Ember's Python layers beyond the C++ pipeline.
+
+One process, one local 2-shard cluster, the reference workload (17 features,
+batch 128, dim 8, cardinalities / 100, Adagrad), s = 0, no simulated compute.
+Each variant runs the same steps on its own pipeline; rounds alternate them,
+and the table gives medians of wall and process-CPU ms per step:
+
+  c++ loop      prefetch(t+1) / wait(t) / push(t) in C++ over the C ABI
+                (StepPipeline._run_native_loop: no Python per step)
+  python        the same loop in Python (ember.StepPipeline)
+  python out=   the same, waiting into preallocated arrays
+  torch module  ember.torch.EmbeddingBagCollection: KeyedJaggedTensor in,
+                forward, values().sum().backward(), with prefetching
+  tf layer      ember.tf.EmbeddingLayer under tf.function with a tf.data
+                input pipeline (--framework tf; its own process, as TensorFlow
+                and PyTorch are best not mixed in one)
+
+    PYTHONPATH=build/python .venv/bin/python bench/python_overhead.py [--framework tf]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import seed_workload as w  # noqa: E402
+
+import ember  # noqa: E402
+from ember.local_cluster import LocalCluster  # noqa: E402
+
+NAMES = [f"f{f}" for f in range(w.NUM_FEATURES)]
+
+
+def csr_batches(batches):
+    return [[(b.offsets(f), b.features[f][1]) for f in range(w.NUM_FEATURES)] for b in batches]
+
+
+class Runner:
+    def __init__(self, client, steps):
+        self.client = client
+        self.steps = steps
+        self.worker = 0
+
+    def pipeline(self):
+        self.worker += 1
+        return ember.StepPipeline(client=self.client, worker_id=self.worker, staleness=0,
+                                  features=[(n, f"ov_t{f}", w.combiner(f)) for f, n in enumerate(NAMES)])
+
+    def native(self, csr):
+        with self.pipeline() as pipe:
+            pipe._run_native_loop(csr, 0, self.steps)
+
+    def python(self, csr, out=False):
+        zeros = [np.zeros((w.BATCH, w.DIM), np.float32) for _ in NAMES]
+        bufs = [np.empty((w.BATCH, w.DIM), np.float32) for _ in NAMES] if out else None
+        with self.pipeline() as pipe:
+            pipe.prefetch(0, csr[0])
+            for t in range(self.steps):
+                if t + 1 < self.steps:
+                    pipe.prefetch(t + 1, csr[(t + 1) % len(csr)])
+                pipe.wait(t, out=bufs)
+                pipe.push(t, zeros)
+
+    def torch_module(self, batches):
+        import torch
+        import ember.torch as et
+        kjts = []
+        for b in batches:
+            kjts.append(et.KeyedJaggedTensor(
+                NAMES, torch.from_numpy(np.concatenate([ids for _, ids in b.features])),
+                torch.from_numpy(np.concatenate([ls for ls, _ in b.features]))))
+        tables = [et.EmbeddingBagConfig(f"ov_t{f}", w.DIM, [n], pooling=w.combiner(f),
+                                        optimizer={"adagrad": {"learning_rate": 0.01}})
+                  for f, n in enumerate(NAMES)]
+        self.worker += 1
+        with et.EmbeddingBagCollection(self.client, tables, staleness=0, worker_id=self.worker,
+                                       create_tables=False) as ebc:
+            stream = (kjts[t % len(kjts)] for t in range(self.steps))
+            for kjt in et.prefetching(stream, ebc):
+                ebc(kjt).values().sum().backward()
+
+    def tf_layer(self, batches):
+        import tensorflow as tf
+        import ember.tf as etf
+        self.worker += 1
+        layer = etf.EmbeddingLayer(self.client, [(n, f"ov_t{f}", w.combiner(f))
+                                                 for f, n in enumerate(NAMES)],
+                                   staleness=0, worker_id=self.worker)
+        # [num_batches, batch, (ids)] per feature, sliced per step by tf.data.
+        stacked = {n: tf.RaggedTensor.from_row_lengths(
+            tf.RaggedTensor.from_row_lengths(np.concatenate([b.features[f][1] for b in batches]),
+                                             np.concatenate([b.features[f][0] for b in batches])),
+            np.full(len(batches), w.BATCH, dtype=np.int64)) for f, n in enumerate(NAMES)}
+        ds = tf.data.Dataset.from_tensor_slices(stacked).repeat().take(self.steps)
+        ds = layer.prefetch(ds, lambda x: x).prefetch(2)
+
+        @tf.function
+        def step_fn(step):
+            with tf.GradientTape() as tape:
+                pooled = layer(step)
+                loss = tf.add_n([tf.reduce_sum(pooled[n]) for n in NAMES])
+            return tape.gradient(loss, [layer.anchor])
+
+        for step, _ in ds:
+            step_fn(step)
+        layer.close()
+
+
+def timed(fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--framework", choices=["torch", "tf"], default="torch")
+    args = p.parse_args()
+    batches = w.make_batches(64, 100, seed=1)
+    csr = csr_batches(batches)
+    print(f"# {os.cpu_count()} cores; reference workload / 100, batch {w.BATCH}, dim {w.DIM}, "
+          f"s = 0, {args.steps} steps x {args.rounds} rounds, seed 1", flush=True)
+    with LocalCluster(shards=2) as cluster:
+        client = ember.Client(cluster.addresses)
+        for f in range(w.NUM_FEATURES):
+            client.create_table(f"ov_t{f}", w.DIM, optimizer={"adagrad": {"learning_rate": 0.01}},
+                                initializer={"normal": {"stddev": 1.0}, "seed": f})
+        run = Runner(client, args.steps)
+        variants = {"c++ loop": lambda: run.native(csr), "python": lambda: run.python(csr),
+                    "python out=": lambda: run.python(csr, out=True)}
+        if args.framework == "torch":
+            variants["torch module"] = lambda: run.torch_module(batches)
+        else:
+            variants["tf layer"] = lambda: run.tf_layer(batches)
+        for fn in variants.values():  # warm the tables and the code
+            fn()
+        results = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, fn in variants.items():
+                results[name].append(timed(fn))
+    base_wall = statistics.median(r[0] for r in results["c++ loop"]) * 1e3 / args.steps
+    base_cpu = statistics.median(r[1] for r in results["c++ loop"]) * 1e3 / args.steps
+    print(f"{'variant':<14} {'ms/step':>8} {'cpu ms/step':>12} {'+ms vs c++':>11} {'+cpu ms':>8}")
+    for name, rs in results.items():
+        wall = statistics.median(r[0] for r in rs) * 1e3 / args.steps
+        cpu = statistics.median(r[1] for r in rs) * 1e3 / args.steps
+        print(f"{name:<14} {wall:8.3f} {cpu:12.3f} {wall - base_wall:11.3f} {cpu - base_cpu:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
