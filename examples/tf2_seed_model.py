@@ -172,8 +172,7 @@ def run_ember(records, meter, client):
     variables = list(mlp.trainable_variables)
 
     @tf.function
-    def train_step(step, element):
-        _, labels = element
+    def train_step(step, labels):
         with tf.GradientTape() as tape:
             pooled = layer(step)
             loss = bce(labels, mlp(tf.concat([pooled[n] for n in NAMES], 1)))
@@ -182,7 +181,10 @@ def run_ember(records, meter, client):
         opt.apply_gradients(zip(grads[:-1], variables))
         return loss
 
-    ds = layer.prefetch(dataset(records, ARGS.steps, ragged=True), lambda features, labels: features)
+    # The ids go to Ember in the input pipeline; the step needs only labels.
+    ds = layer.prefetch(dataset(records, ARGS.steps, ragged=True),
+                        features=lambda features, labels: features,
+                        then=lambda features, labels: labels)
     train(ds.prefetch(2), train_step, meter)
     layer.flush()
     stats = layer.pipeline.stats()

@@ -127,15 +127,19 @@ class EmbeddingLayer(tf.keras.layers.Layer):
 
     def prefetch(self, dataset: tf.data.Dataset,
                  features: Callable[..., Mapping[str, Any]],
-                 weights: Optional[Callable[..., Mapping[str, Any]]] = None) -> tf.data.Dataset:
-        """dataset of elements e -> dataset of (step, e), where the rows of
-        step's batch `features(*e)` are being fetched by then. The map runs
-        in order (no parallel calls) so that steps are prefetched in order."""
+                 weights: Optional[Callable[..., Mapping[str, Any]]] = None,
+                 then: Optional[Callable[..., Any]] = None) -> tf.data.Dataset:
+        """dataset of elements e -> dataset of (step, then(*e)) (default: (step,
+        e)), where the rows of step's batch `features(*e)` are being fetched
+        by then. The map runs in order (no parallel calls) so that steps are
+        prefetched in order. `then` lets the ids stay out of the training
+        step, which needs only the step (e.g. then=lambda x, y: y)."""
 
         def fetch(step, element):
             args = element if isinstance(element, tuple) else (element,)
             w = None if weights is None else weights(*args)
-            return self.prefetch_op(step, features(*args), w), element
+            rest = element if then is None else then(*args)
+            return self.prefetch_op(step, features(*args), w), rest
 
         return dataset.enumerate(start=self._first_step).map(fetch)
 

@@ -8,9 +8,9 @@
 //       pushes d(pooled); the gradient of EmberLookup (python/ember/tf.py).
 //
 // The pipeline is an attribute (the address of an ember_pipeline made by the
-// Python package in this process). Prefetch and Lookup block, so they are
-// asynchronous kernels that run on a thread of their own per kernel: no TF
-// inter-op thread waits on the network.
+// Python package in this process). Lookup may block on the network, so it is
+// an asynchronous kernel that waits on a thread of its own: no TF inter-op
+// thread waits. Prefetch blocks only the input pipeline's thread.
 //
 // This library is compiled against TensorFlow's headers (its Abseil and
 // protobuf) and must not link Debian's: it reaches libember_c.so, which
@@ -149,9 +149,13 @@ absl::Status ScalarStep(OpKernelContext* ctx, int64_t* step) {
   return absl::OkStatus();
 }
 
-class PrefetchOp : public AsyncOpKernel {
+// Synchronous: it runs in the tf.data map of the input pipeline, whose own
+// thread may block while the step is too far ahead; an asynchronous kernel
+// there would make tf.data run the map function on the general executor,
+// which costs more than the whole fetch (measured: docs/python.md).
+class PrefetchOp : public OpKernel {
  public:
-  explicit PrefetchOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  explicit PrefetchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("W", &w_));
@@ -160,9 +164,9 @@ class PrefetchOp : public AsyncOpKernel {
                 absl::InvalidArgumentError("attr W: expected 0 or N weights tensors"));
   }
 
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+  void Compute(OpKernelContext* ctx) override {
     int64_t step = 0;
-    OP_REQUIRES_OK_ASYNC(ctx, ScalarStep(ctx, &step), done);
+    OP_REQUIRES_OK(ctx, ScalarStep(ctx, &step));
     std::vector<ember_feature_batch> features(n_);
     for (int f = 0; f < n_; ++f) {
       const Tensor& offsets = ctx->input(1 + f);
@@ -180,31 +184,22 @@ class PrefetchOp : public AsyncOpKernel {
     }
     // A blocked prefetch (waiting for training to push) must end when its
     // step is cancelled, e.g. when an iterator is torn down after an error.
-    auto cancelled = std::make_shared<int>(0);
+    int cancelled = 0;
     tensorflow::CancellationManager* cm = ctx->cancellation_manager();
     tensorflow::CancellationToken token = tensorflow::CancellationManager::kInvalidToken;
     if (cm != nullptr) {
       token = cm->get_cancellation_token();
-      const bool registered =
-          cm->RegisterCallback(token, [cancelled] { __atomic_store_n(cancelled.get(), 1, __ATOMIC_RELEASE); });
-      OP_REQUIRES_ASYNC(ctx, registered, absl::CancelledError("EmberPrefetch: cancelled"), done);
+      const bool registered = cm->RegisterCallback(
+          token, [&cancelled] { __atomic_store_n(&cancelled, 1, __ATOMIC_RELEASE); });
+      OP_REQUIRES(ctx, registered, absl::CancelledError("EmberPrefetch: cancelled"));
     }
-    // The inputs stay alive until done() is called.
-    worker_.Schedule([this, ctx, step, cm, token, cancelled, features = std::move(features),
-                      done = std::move(done)] {
-      const int code = EmberApi::Get().prefetch_blocking(pipeline_, step, features.data(),
-                                                         features.size(), timeout_, cancelled.get());
-      if (cm != nullptr) cm->DeregisterCallback(token);
-      if (code != 0) {
-        ctx->SetStatus(FromEmber(code, "EmberPrefetch"));
-      } else {
-        Tensor* out = nullptr;
-        auto s = ctx->allocate_output(0, TensorShape({}), &out);
-        if (s.ok()) out->scalar<int64_t>()() = step;
-        ctx->SetStatus(s);
-      }
-      done();
-    });
+    const int code = EmberApi::Get().prefetch_blocking(pipeline_, step, features.data(),
+                                                       features.size(), timeout_, &cancelled);
+    if (cm != nullptr) cm->DeregisterCallback(token);
+    OP_REQUIRES(ctx, code == 0, FromEmber(code, "EmberPrefetch"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = step;
   }
 
  private:
@@ -212,7 +207,6 @@ class PrefetchOp : public AsyncOpKernel {
   int n_ = 0;
   int w_ = 0;
   float timeout_ = 600;
-  Worker worker_;
 };
 
 class LookupOp : public AsyncOpKernel {
