@@ -128,18 +128,29 @@ class EmbeddingLayer(tf.keras.layers.Layer):
     def prefetch(self, dataset: tf.data.Dataset,
                  features: Callable[..., Mapping[str, Any]],
                  weights: Optional[Callable[..., Mapping[str, Any]]] = None,
-                 then: Optional[Callable[..., Any]] = None) -> tf.data.Dataset:
+                 then: Optional[Callable[..., Any]] = None,
+                 step_per_example: bool = False) -> tf.data.Dataset:
         """dataset of elements e -> dataset of (step, then(*e)) (default: (step,
         e)), where the rows of step's batch `features(*e)` are being fetched
         by then. The map runs in order (no parallel calls) so that steps are
         prefetched in order. `then` lets the ids stay out of the training
-        step, which needs only the step (e.g. then=lambda x, y: y)."""
+        step, which needs only the step (e.g. then=lambda x, y: y): passing
+        17 ragged features into a tf.function costs more than Ember's fetch.
+        step_per_example: the step as a [batch] vector (Keras' fit wants a
+        batch dimension on its inputs) instead of a scalar."""
 
         def fetch(step, element):
             args = element if isinstance(element, tuple) else (element,)
+            ids = features(*args)
             w = None if weights is None else weights(*args)
             rest = element if then is None else then(*args)
-            return self.prefetch_op(step, features(*args), w), rest
+            step = self.prefetch_op(step, ids, w)
+            if step_per_example:
+                first = ids[self._names[0]]
+                batch = (tf.shape(first, out_type=tf.int64)[0] if isinstance(first, tf.SparseTensor)
+                         else first.nrows())
+                step = tf.fill([batch], step)
+            return step, rest
 
         return dataset.enumerate(start=self._first_step).map(fetch)
 

@@ -17,10 +17,10 @@ import ember.tf as etf  # noqa: E402
 _names = (f"tf{i}" for i in itertools.count())
 
 
-def ragged_batches(rng, n, batch, vocab, max_ids=4):
+def ragged_batches(rng, n, batch, vocab, max_ids=4, min_ids=0):
     out = []
     for _ in range(n):
-        lengths = rng.integers(0, max_ids + 1, size=batch)
+        lengths = rng.integers(min_ids, max_ids + 1, size=batch)
         values = rng.integers(0, vocab, size=int(lengths.sum())).astype(np.int64)
         out.append(tf.RaggedTensor.from_row_lengths(values, lengths.astype(np.int64)))
     return out
@@ -117,3 +117,109 @@ def test_lookup_of_a_step_never_prefetched_raises_with_the_pipelines_message(cli
     with pytest.raises(tf.errors.FailedPreconditionError, match="prefetch it first"):
         layer(tf.constant([0], tf.int64))
     layer.close()
+
+
+def test_keras_fit_trains_through_the_layer_and_pushes_every_step(client):
+    """A Keras model's own train_step (under tf.function) computes the
+    anchor's gradient, which is the push."""
+    import keras
+    table, layer = new_layer(client, 4, lr=0.5, worker_id=24,
+                             init={"constant": {"value": 0.0}})
+    rng = np.random.default_rng(8)
+    batches = ragged_batches(rng, 6, batch=8, vocab=10)
+    labels = [np.ones((8, 1), np.float32) for _ in batches]
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf.stack([tf.RaggedTensor.from_row_lengths(b.values, b.row_lengths()) for b in batches]),
+         np.stack(labels)))
+    ds = layer.prefetch(ds, features=lambda ids, y: {"f": ids}, then=lambda ids, y: y,
+                        step_per_example=True)
+
+    class Model(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embed = layer
+            self.out = keras.layers.Dense(1, kernel_initializer="ones")
+
+        def call(self, step):
+            return self.out(self.embed(step)["f"])
+
+    model = Model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = model.fit(ds, epochs=1, verbose=0)
+    layer.flush()
+    assert layer.pipeline.stats()["steps_pushed"] == 6
+    assert np.isfinite(history.history["loss"][0])
+    # The rows moved: their gradients reached the shards.
+    keys = np.unique(np.concatenate([b.values.numpy() for b in batches]))
+    assert np.abs(client.lookup_rows(table, keys)).sum() > 0
+    layer.close()
+
+
+def test_a_prefetch_blocked_on_a_missing_push_ends_with_its_iterator(client):
+    """s = 0, depth 1: the input pipeline prefetches step 2 only after step 0
+    is pushed; dropping the iterator instead must not hang."""
+    import gc
+    import time
+    rng = np.random.default_rng(9)
+    _, layer = new_layer(client, 2, worker_id=25)
+    ds = tf.data.Dataset.from_tensor_slices(
+        tf.stack(ragged_batches(rng, 5, batch=4, vocab=10)))
+    it = iter(layer.prefetch(ds, lambda ids: {"f": ids}).prefetch(3))
+    step, _ = next(it)
+    assert int(step) == 0
+    start = time.monotonic()
+    del it
+    gc.collect()
+    assert time.monotonic() - start < 10, "the blocked prefetch held the iterator"
+    layer.close()
+
+
+def test_sgd_rows_equal_native_embedding_lookup_sparse_over_50_steps(client):
+    """s = 0 and SGD: Ember's rows after 50 steps of a small model equal those
+    of the same model over an in-graph variable (tf.nn.embedding_lookup_sparse
+    and TensorFlow's SGD), within float tolerance."""
+    vocab, dim, batch, lr = 64, 4, 16, 0.05
+    table, layer = new_layer(client, dim, lr=lr, worker_id=26,
+                             init={"uniform": {"min": -0.5, "max": 0.5}, "seed": 9})
+    rng = np.random.default_rng(22)
+    # embedding_lookup_sparse drops examples without ids: every one has some.
+    batches = ragged_batches(rng, 50, batch=batch, vocab=vocab, min_ids=1)
+    targets = [rng.normal(size=(batch, 1)).astype(np.float32) for _ in batches]
+    initial = client.lookup_rows(table, np.arange(vocab, dtype=np.int64), read_only=False)
+
+    def head():
+        return (tf.Variable(np.linspace(-1, 1, dim, dtype=np.float32).reshape(dim, 1)),
+                tf.Variable(np.zeros(1, np.float32)))
+
+    def mse(pooled, w, b, y):
+        return tf.reduce_mean((tf.matmul(pooled, w) + b - y) ** 2)
+
+    w, b = head()
+    ds = layer.prefetch(tf.data.Dataset.from_tensor_slices(
+        (tf.stack(batches), np.stack(targets))), lambda ids, y: {"f": ids}, then=lambda ids, y: y)
+
+    @tf.function
+    def ember_step(step, y):
+        with tf.GradientTape() as tape:
+            loss = mse(layer(step)["f"], w, b, y)
+        gw, gb, _ = tape.gradient(loss, [w, b, layer.anchor])
+        w.assign_sub(lr * gw)
+        b.assign_sub(lr * gb)
+
+    for step, y in ds:
+        ember_step(step, y)
+    layer.flush()
+    ember_rows = client.lookup_rows(table, np.arange(vocab, dtype=np.int64))
+    layer.close()
+
+    rows = tf.Variable(initial)
+    w, b = head()
+    opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+    for ids, y in zip(batches, targets):
+        with tf.GradientTape() as tape:
+            pooled = tf.nn.embedding_lookup_sparse(rows, ids.to_sparse(), None, combiner="sum")
+            loss = mse(pooled, w, b, y)
+        grads = tape.gradient(loss, [rows, w, b])
+        opt.apply_gradients(zip(grads, [rows, w, b]))
+    assert not np.allclose(ember_rows, initial), "the rows did not train"
+    np.testing.assert_allclose(ember_rows, rows.numpy(), rtol=1e-4, atol=1e-5)
