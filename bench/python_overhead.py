@@ -97,7 +97,13 @@ class Runner:
                                              np.concatenate([b.features[f][0] for b in batches])),
             np.full(len(batches), w.BATCH, dtype=np.int64)) for f, n in enumerate(NAMES)}
         ds = tf.data.Dataset.from_tensor_slices(stacked).repeat().take(self.steps)
-        ds = layer.prefetch(ds, lambda x: x, then=lambda x: tf.zeros([], tf.int8)).prefetch(2)
+        def ids(x):
+            return x
+
+        def nothing(x):  # the step needs no inputs but its number
+            return tf.zeros([], tf.int8)
+
+        ds = layer.prefetch(ds, ids, then=nothing).prefetch(2)
 
         @tf.function
         def step_fn(step):
