@@ -136,6 +136,9 @@ void ember_free_string(char* s) { std::free(s); }
 
 int ember_client_connect(const ember_client_options* options, ember_client** out) {
   if (options == nullptr || out == nullptr) return InvalidArgument("options and out are required");
+  if (options->num_shards > 0 && options->shards == nullptr) {
+    return InvalidArgument(absl::StrCat("shards: null, expected ", options->num_shards, " addresses"));
+  }
   ember::ClientOptions client_options;
   for (size_t i = 0; i < options->num_shards; ++i) {
     if (options->shards[i] == nullptr) return InvalidArgument(absl::StrCat("shards[", i, "] is null"));

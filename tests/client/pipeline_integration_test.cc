@@ -213,6 +213,56 @@ TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASinglePr
   ExpectRowsMatch(*client_, reference, 0);
 }
 
+TEST_F(PipelineIntegrationTest, PrefetchFromAnInputThreadWhileAnotherWaitsAndPushesMatchesTheReference) {
+  // The contract ember.tf relies on: an input pipeline's thread prefetches
+  // while the training thread waits and pushes (the C ABI's blocking
+  // prefetch, modelled here with two counters).
+  ASSERT_NO_FATAL_FAILURE(StartShards(2));
+  absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
+  ASSERT_OK(pipe);
+  constexpr int64_t kSteps = 200;
+  const int64_t depth = (*pipe)->prefetch_depth();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  std::atomic<int64_t> prefetched{0};  // steps prefetched so far
+  std::atomic<int64_t> pushed{0};      // steps pushed so far
+  absl::Status input_status;
+  std::thread input([&] {
+    for (int64_t p = 0; p < kSteps; ++p) {
+      while (p - pushed.load() > depth) {
+        if (absl::Now() > deadline) {
+          input_status = absl::DeadlineExceededError("input thread");
+          return;
+        }
+        std::this_thread::yield();
+      }
+      input_status = (*pipe)->Prefetch(p, MakeBatch(p, 0));
+      if (!input_status.ok()) return;
+      prefetched.store(p + 1);
+    }
+  });
+  absl::Status train_status;
+  for (int64_t t = 0; t < kSteps && train_status.ok(); ++t) {
+    while (prefetched.load() <= t && absl::Now() < deadline) std::this_thread::yield();
+    absl::StatusOr<StepView> view = (*pipe)->Wait(t);
+    if (!view.ok()) {
+      train_status = view.status();
+      break;
+    }
+    std::vector<std::vector<float>> grads;
+    for (const auto& p : view->pooled) grads.push_back(LossGradient(p));
+    std::vector<absl::Span<const float>> spans(grads.begin(), grads.end());
+    train_status = (*pipe)->Push(t, spans);
+    pushed.store(t + 1);
+  }
+  input.join();
+  ASSERT_OK(input_status);
+  ASSERT_OK(train_status);
+  ASSERT_OK((*pipe)->Close());
+  ReferenceModel reference;
+  for (int64_t t = 0; t < kSteps; ++t) reference.Step(MakeBatch(t, 0));
+  ExpectRowsMatch(*client_, reference, 0);
+}
+
 TEST_F(PipelineIntegrationTest, TwoSynchronousWorkersInParallelEachMatchTheirReference) {
   ASSERT_NO_FATAL_FAILURE(StartShards(2));
   constexpr int kSteps = 150;
