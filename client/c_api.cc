@@ -346,14 +346,31 @@ int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
   return Report(pipeline->pipeline->Prefetch(step, std::move(batch)));
 }
 
-int ember_pipeline_wait(ember_pipeline* pipeline, int64_t step, int64_t* batch_size,
-                        float* const* out, const size_t* out_lens, size_t num_out) {
+namespace {
+
+// The step's view, waited for once and kept until its push.
+absl::StatusOr<const ember::StepView*> StepViewOf(ember_pipeline* pipeline, int64_t step) {
   if (!pipeline->view.has_value() || pipeline->view->step != step) {
     auto view = pipeline->pipeline->Wait(step);
-    if (!view.ok()) return Fail(view.status());
+    if (!view.ok()) return view.status();
     pipeline->view = std::move(*view);
   }
-  const ember::StepView& view = *pipeline->view;
+  return &*pipeline->view;
+}
+
+size_t PackedWidth(const ember::StepPipeline& pipeline) {
+  size_t width = 0;
+  for (size_t f = 0; f < pipeline.num_features(); ++f) width += pipeline.dim(f);
+  return width;
+}
+
+}  // namespace
+
+int ember_pipeline_wait(ember_pipeline* pipeline, int64_t step, int64_t* batch_size,
+                        float* const* out, const size_t* out_lens, size_t num_out) {
+  auto waited = StepViewOf(pipeline, step);
+  if (!waited.ok()) return Fail(waited.status());
+  const ember::StepView& view = **waited;
   if (batch_size != nullptr) *batch_size = view.batch_size;
   if (out == nullptr) return 0;
   if (num_out != view.pooled.size()) {
@@ -372,6 +389,59 @@ int ember_pipeline_wait(ember_pipeline* pipeline, int64_t step, int64_t* batch_s
     if (out_lens[f] > 0) std::memcpy(out[f], view.pooled[f].data(), out_lens[f] * sizeof(float));
   }
   return 0;
+}
+
+int ember_pipeline_wait_packed(ember_pipeline* pipeline, int64_t step, int64_t* batch_size,
+                               float* out, size_t len) {
+  auto waited = StepViewOf(pipeline, step);
+  if (!waited.ok()) return Fail(waited.status());
+  const ember::StepView& view = **waited;
+  if (batch_size != nullptr) *batch_size = view.batch_size;
+  if (out == nullptr) return 0;
+  const size_t width = PackedWidth(*pipeline->pipeline);
+  const size_t batch = static_cast<size_t>(view.batch_size);
+  if (len != batch * width) {
+    return InvalidArgument(absl::StrCat("wait(step ", step, "): packed output has ", len,
+                                        " floats; expected ", batch * width, " (", batch, " x ",
+                                        width, ", the sum of the features' dims)"));
+  }
+  size_t column = 0;
+  for (size_t f = 0; f < view.pooled.size(); ++f) {
+    const size_t dim = pipeline->pipeline->dim(f);
+    const float* src = view.pooled[f].data();
+    for (size_t i = 0; i < batch; ++i) {
+      std::memcpy(out + i * width + column, src + i * dim, dim * sizeof(float));
+    }
+    column += dim;
+  }
+  return 0;
+}
+
+int ember_pipeline_push_packed(ember_pipeline* pipeline, int64_t step, const float* d_pooled,
+                               size_t len) {
+  const size_t n = pipeline->pipeline->num_features();
+  const size_t width = PackedWidth(*pipeline->pipeline);
+  if (width == 0 || len % width != 0) {
+    return InvalidArgument(absl::StrCat("push(step ", step, "): packed gradients have ", len,
+                                        " floats; expected batch x ", width,
+                                        " (the sum of the features' dims)"));
+  }
+  const size_t batch = len / width;
+  std::vector<std::vector<float>> grads(n);
+  std::vector<const float*> ptrs(n);
+  std::vector<size_t> lens(n);
+  size_t column = 0;
+  for (size_t f = 0; f < n; ++f) {
+    const size_t dim = pipeline->pipeline->dim(f);
+    grads[f].resize(batch * dim);
+    for (size_t i = 0; i < batch; ++i) {
+      std::memcpy(grads[f].data() + i * dim, d_pooled + i * width + column, dim * sizeof(float));
+    }
+    column += dim;
+    ptrs[f] = grads[f].data();
+    lens[f] = grads[f].size();
+  }
+  return ember_pipeline_push(pipeline, step, ptrs.data(), lens.data(), n);
 }
 
 int ember_pipeline_push(ember_pipeline* pipeline, int64_t step, const float* const* d_pooled,

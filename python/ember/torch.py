@@ -16,7 +16,8 @@ tables have no parameters in the module.
 
 Each forward is one step: its batch must be the one prefetched for that step
 (`prefetching` does this for a data loader; without it, forward prefetches
-and waits itself). Under torch.no_grad the forward reads the rows without a
+and waits itself), and the loss must use its output, so that backward pushes
+the step (a step never pushed stalls the next ones under SSP). Under torch.no_grad the forward reads the rows without a
 step (read-only, no push), for evaluation.
 """
 
@@ -60,27 +61,31 @@ class KeyedJaggedTensor:
 
 
 class KeyedTensor:
-    """Pooled rows per feature: to_dict() gives {feature: [batch, dim]};
-    values() concatenates them along dim 1 (TorchRec's KeyedTensor)."""
+    """Pooled rows of every feature side by side, TorchRec's KeyedTensor:
+    values() is [batch, sum of dims] (feature f in the columns after those of
+    the features before it); to_dict() and [name] give [batch, dim] views."""
 
-    def __init__(self, keys: List[str], tensors: Sequence[torch.Tensor]):
+    def __init__(self, keys: List[str], length_per_key: List[int], values: torch.Tensor):
         self._keys = keys
-        self._tensors = list(tensors)
+        self._lengths = length_per_key
+        self._values = values
 
     def keys(self) -> List[str]:
         return self._keys
 
     def length_per_key(self) -> List[int]:
-        return [t.shape[1] for t in self._tensors]
+        return self._lengths
 
     def values(self) -> torch.Tensor:
-        return torch.cat(self._tensors, dim=1)
+        return self._values
 
     def to_dict(self) -> Dict[str, torch.Tensor]:
-        return dict(zip(self._keys, self._tensors))
+        return dict(zip(self._keys, torch.split(self._values, self._lengths, dim=1)))
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self._tensors[self._keys.index(key)]
+        f = self._keys.index(key)
+        start = sum(self._lengths[:f])
+        return self._values[:, start:start + self._lengths[f]]
 
 
 class EmbeddingBagConfig(NamedTuple):
@@ -132,39 +137,25 @@ def _csr(kjt, names: List[str]) -> List[tuple]:
 
 
 class _Lookup(torch.autograd.Function):
-    """forward: the step's pooled rows; backward: push d(pooled) for it."""
+    """forward: the step's pooled rows, [batch, sum of dims]; backward: push
+    d(pooled) for the step. One tensor each way: per-feature tensors would
+    cost autograd and copies for every feature at every step."""
 
     @staticmethod
-    def forward(ctx, anchor, pipe, step, batch_size):
+    def forward(ctx, anchor, pipe, step, batch_size, width):
         ctx.pipe, ctx.step = pipe, step
-        dims = pipe.dims
-        # One allocation; each feature's rows are a contiguous piece of it.
-        flat = torch.empty(batch_size * sum(dims), dtype=torch.float32)
-        flat_np = flat.numpy()
-        out, views, at = [], [], 0
-        for d in dims:
-            n = batch_size * d
-            out.append(flat[at:at + n].view(batch_size, d))
-            views.append(flat_np[at:at + n])
-            at += n
-        pipe.wait(step, out=views)
-        return tuple(out)
+        out = torch.empty((batch_size, width), dtype=torch.float32)
+        pipe.wait_packed(step, out=out.numpy())
+        return out
 
     @staticmethod
-    def backward(ctx, *grads):
-        arrays = []
-        for g, d in zip(grads, ctx.pipe.dims):
-            if g is None:  # a feature the loss does not use
-                arrays.append(None)
-                continue
-            if g.dtype != torch.float32:
-                g = g.float()
-            arrays.append((g if g.is_contiguous() else g.contiguous()).numpy())
-        batch = next((a.shape[0] for a in arrays if a is not None), 0)
-        arrays = [np.zeros((batch, d), dtype=np.float32) if a is None else a
-                  for a, d in zip(arrays, ctx.pipe.dims)]
-        ctx.pipe.push(ctx.step, arrays)
-        return None, None, None, None
+    def backward(ctx, grad):
+        if grad.dtype != torch.float32:
+            grad = grad.float()
+        if not grad.is_contiguous():
+            grad = grad.contiguous()
+        ctx.pipe.push_packed(ctx.step, grad.numpy())
+        return None, None, None, None, None
 
 
 class _Pool(torch.autograd.Function):
@@ -223,6 +214,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._names = [f[0] for f in features]
         self._pipe = StepPipeline(client, features, staleness=staleness, worker_id=worker_id,
                                   prefetch_depth=prefetch_depth, first_step=first_step)
+        self._dims = list(self._pipe.dims)
+        self._width = sum(self._dims)
         self._next_prefetch = first_step
         self._next_forward = first_step
         self._batch_sizes: Dict[int, int] = {}
@@ -254,8 +247,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         if step == self._next_prefetch:
             self.prefetch(features)
         self._next_forward += 1
-        pooled = _Lookup.apply(self._anchor, self._pipe, step, self._batch_sizes.pop(step))
-        return KeyedTensor(self._names, pooled)
+        pooled = _Lookup.apply(self._anchor, self._pipe, step, self._batch_sizes.pop(step),
+                               self._width)
+        return KeyedTensor(self._names, self._dims, pooled)
 
     def _read_only(self, features) -> KeyedTensor:
         out = []
@@ -265,7 +259,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             rows = self._client.lookup_rows(table, unique)
             out.append(torch.from_numpy(_ember.pool_forward(
                 offsets, inverse.astype(np.uint32), rows, pooling, w[0] if w else None)))
-        return KeyedTensor(self._names, out)
+        return KeyedTensor(self._names, self._dims, torch.cat(out, dim=1))
 
     def flush(self) -> None:
         """Blocks until every push so far is applied on the shards."""

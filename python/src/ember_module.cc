@@ -24,6 +24,10 @@ namespace py = pybind11;
 
 namespace {
 
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using OffsetArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using InverseArray = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
+
 // Raises ember.EmberError(code, message) for a failed C call.
 [[noreturn]] void Raise(int code, const std::string& message) {
   static py::handle error_class =
@@ -293,6 +297,35 @@ class StepPipeline {
     CallReleased([&] { return ember_pipeline_push(pipeline_, step, data.data(), lens.data(), n); });
   }
 
+  // All features side by side: [batch, sum of dims] (ember_pipeline_wait_packed).
+  py::object WaitPacked(int64_t step, const py::object& out) {
+    int64_t batch = 0;
+    CallReleased([&] { return ember_pipeline_wait_packed(pipeline_, step, &batch, nullptr, 0); });
+    py::object result = out;
+    float* data = nullptr;
+    size_t len = 0;
+    if (out.is_none()) {
+      FloatArray a({static_cast<py::ssize_t>(batch), static_cast<py::ssize_t>(width())});
+      data = a.mutable_data();
+      len = static_cast<size_t>(a.size());
+      result = std::move(a);
+    } else {
+      py::buffer_info info = py::reinterpret_borrow<py::buffer>(out).request(true);
+      if (info.itemsize != 4 || info.format != "f") {
+        throw py::type_error("wait_packed: out: expected float32, received format '" + info.format + "'");
+      }
+      data = static_cast<float*>(info.ptr);
+      len = static_cast<size_t>(info.size);
+    }
+    CallReleased([&] { return ember_pipeline_wait_packed(pipeline_, step, &batch, data, len); });
+    return result;
+  }
+
+  void PushPacked(int64_t step, const py::handle& grads) {
+    const auto view = View<float>(grads, "push_packed: grads", "float32");
+    CallReleased([&] { return ember_pipeline_push_packed(pipeline_, step, view.data(), view.size()); });
+  }
+
   void Flush() { CallReleased([&] { return ember_pipeline_flush(pipeline_); }); }
   void Close() { CallReleased([&] { return ember_pipeline_close(pipeline_); }); }
 
@@ -312,6 +345,11 @@ class StepPipeline {
   }
 
   const std::vector<uint32_t>& dims() const { return dims_; }
+  size_t width() const {
+    size_t w = 0;
+    for (uint32_t d : dims_) w += d;
+    return w;
+  }
   const std::vector<std::string>& feature_names() const { return names_; }
   int prefetch_depth() const { return ember_pipeline_prefetch_depth(pipeline_); }
   uintptr_t handle() const { return reinterpret_cast<uintptr_t>(pipeline_); }
@@ -388,9 +426,6 @@ class StepPipeline {
   std::vector<uint32_t> dims_;
 };
 
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using OffsetArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-using InverseArray = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
 
 int CombinerCode(const std::string& combiner) {
   if (combiner == "sum") return EMBER_COMBINER_SUM;
@@ -467,6 +502,8 @@ PYBIND11_MODULE(_ember, m) {
       .def("prefetch", &StepPipeline::Prefetch, py::arg("step"), py::arg("batch"))
       .def("wait", &StepPipeline::Wait, py::arg("step"), py::arg("out") = py::none())
       .def("push", &StepPipeline::Push, py::arg("step"), py::arg("grads"))
+      .def("wait_packed", &StepPipeline::WaitPacked, py::arg("step"), py::arg("out") = py::none())
+      .def("push_packed", &StepPipeline::PushPacked, py::arg("step"), py::arg("grads"))
       .def("flush", &StepPipeline::Flush)
       .def("close", &StepPipeline::Close)
       .def("stats", &StepPipeline::Stats)

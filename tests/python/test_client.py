@@ -209,3 +209,24 @@ def test_pipelines_on_threads_share_a_client_and_release_the_gil(client):
     assert not errors, errors
     np.testing.assert_array_equal(client.lookup_rows(table, np.array([7], dtype=np.uint64)),
                                   [[-workers * steps] * 2])
+
+
+def test_packed_wait_and_push_equal_the_per_feature_ones(client):
+    """wait_packed is the per-feature rows side by side; push_packed pushes
+    the same gradients as push."""
+    t1, t2 = new_table(client, dim=2, init={"uniform": {"min": -1, "max": 1}, "seed": 4}), \
+        new_table(client, dim=3, init={"uniform": {"min": -1, "max": 1}, "seed": 5})
+    offsets, keys = csr([[1, 2], [3]])
+    grads = [np.arange(4, dtype=np.float32).reshape(2, 2), np.ones((2, 3), np.float32)]
+    with ember.StepPipeline(client, [("a", t1), ("b", t2)], staleness=-1) as pipe:
+        pipe.prefetch(0, [(offsets, keys), (offsets, keys)])
+        a, b = pipe.wait(0)
+        packed = pipe.wait_packed(0)
+        np.testing.assert_array_equal(packed, np.concatenate([a, b], axis=1))
+        with pytest.raises(ember.EmberError, match="expected batch x 5"):
+            pipe.push_packed(0, np.zeros((2, 4), np.float32))
+        pipe.push_packed(0, np.concatenate(grads, axis=1))
+    np.testing.assert_allclose(client.lookup_rows(t1, np.array([3], dtype=np.uint64)),
+                               a[1:2] - grads[0][1:2], rtol=1e-6)
+    np.testing.assert_allclose(client.lookup_rows(t2, np.array([3], dtype=np.uint64)),
+                               b[1:2] - grads[1][1:2], rtol=1e-6)

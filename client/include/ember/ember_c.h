@@ -135,6 +135,15 @@ EMBER_C_API int ember_pipeline_wait(ember_pipeline* pipeline, int64_t step, int6
 /* d_pooled[f]: batch_size * dim(f) floats (lens checked); copied. */
 EMBER_C_API int ember_pipeline_push(ember_pipeline* pipeline, int64_t step,
                                     const float* const* d_pooled, const size_t* lens, size_t num);
+/* The same two with every feature side by side in one row-major
+ * [batch_size, D] buffer, D the sum of the features' dims, feature f in the
+ * columns after those of features 0..f-1 (TorchRec's KeyedTensor layout):
+ * len must be batch_size * D. wait_packed with out = NULL only sets
+ * *batch_size. */
+EMBER_C_API int ember_pipeline_wait_packed(ember_pipeline* pipeline, int64_t step,
+                                           int64_t* batch_size, float* out, size_t len);
+EMBER_C_API int ember_pipeline_push_packed(ember_pipeline* pipeline, int64_t step,
+                                           const float* d_pooled, size_t len);
 EMBER_C_API int ember_pipeline_flush(ember_pipeline* pipeline);
 EMBER_C_API int ember_pipeline_close(ember_pipeline* pipeline);
 
