@@ -219,6 +219,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._next_prefetch = first_step
         self._next_forward = first_step
         self._batch_sizes: Dict[int, int] = {}
+        self._feature_index: Dict[tuple, List[int]] = {}
         # Autograd reaches _Lookup.backward only through an input that needs
         # a gradient: this empty tensor is that input (it gets none).
         self._anchor = torch.zeros(0, requires_grad=True)
@@ -232,11 +233,26 @@ class EmbeddingBagCollection(torch.nn.Module):
         return self._pipe
 
     def prefetch(self, features) -> int:
-        """Starts fetching the rows of the next step's batch; returns the step."""
+        """Starts fetching the rows of the next step's batch (a
+        KeyedJaggedTensor); returns the step."""
         step = self._next_prefetch
-        csr = _csr(features, self._names)
-        self._pipe.prefetch(step, csr)
-        self._batch_sizes[step] = len(csr[0][0]) - 1
+        keys = tuple(features.keys())
+        index = self._feature_index.get(keys)
+        if index is None:
+            missing = [n for n in self._names if n not in keys]
+            if missing:
+                raise KeyError(f"KeyedJaggedTensor has no feature {missing[0]!r}; it has {list(keys)}")
+            index = self._feature_index[keys] = [keys.index(n) for n in self._names]
+        lengths = features.lengths()
+        if len(keys) == 0 or lengths.numel() % len(keys) != 0:
+            raise ValueError(f"KeyedJaggedTensor: {lengths.numel()} lengths for {len(keys)} keys; "
+                             "expected len(keys) * batch")
+        weights = features.weights_or_none()
+        self._pipe.prefetch_jagged(
+            step, features.values().detach().to(torch.int64).numpy(),
+            lengths.detach().to(torch.int64).numpy(), index,
+            None if weights is None else weights.detach().to(torch.float32).numpy())
+        self._batch_sizes[step] = lengths.numel() // len(keys)
         self._next_prefetch += 1
         return step
 

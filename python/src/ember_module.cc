@@ -243,6 +243,56 @@ class StepPipeline {
     CallReleased([&] { return ember_pipeline_prefetch(pipeline_, step, features.data(), n); });
   }
 
+  // A step given in TorchRec's jagged layout (KeyedJaggedTensor): `values`
+  // holds feature 0's ids of every example, then feature 1's, ...;
+  // `lengths` (int64) has num_keys * batch entries; the pipeline's feature f
+  // is the jagged key feature_index[f]. Offsets are computed here, so the
+  // caller runs no per-feature Python.
+  void PrefetchJagged(int64_t step, const py::handle& values, const py::handle& lengths,
+                      const std::vector<int64_t>& feature_index, const py::object& weights) {
+    const auto ids = View<uint64_t>(values, "values", "int64 or uint64");
+    const auto lens = View<int64_t>(lengths, "lengths", "int64");
+    std::optional<ArrayView<float>> w;
+    if (!weights.is_none()) w = View<float>(weights, "weights", "float32");
+    const size_t n = names_.size();
+    if (feature_index.size() != n) {
+      throw py::value_error("feature_index: expected one entry per pipeline feature (" +
+                            std::to_string(n) + ")");
+    }
+    int64_t num_keys = 0;
+    for (int64_t k : feature_index) num_keys = std::max(num_keys, k + 1);
+    if (num_keys == 0 || lens.size() % static_cast<size_t>(num_keys) != 0) {
+      throw py::value_error("lengths: " + std::to_string(lens.size()) +
+                            " entries is not a multiple of the number of keys");
+    }
+    const size_t keys_total = static_cast<size_t>(num_keys);
+    const size_t batch = lens.size() / keys_total;
+    std::vector<size_t> start(keys_total + 1, 0);
+    for (size_t k = 0; k < keys_total; ++k) {
+      int64_t sum = 0;
+      for (size_t i = 0; i < batch; ++i) {
+        const int64_t l = lens.data()[k * batch + i];
+        if (l < 0) throw py::value_error("lengths: negative entry " + std::to_string(l));
+        sum += l;
+      }
+      start[k + 1] = start[k] + static_cast<size_t>(sum);
+    }
+    if (start[keys_total] != ids.size() || (w.has_value() && w->size() != ids.size())) {
+      throw py::value_error("values (and weights): " + std::to_string(ids.size()) +
+                            " entries; the lengths sum to " + std::to_string(start[keys_total]));
+    }
+    std::vector<std::vector<int64_t>> offsets(n, std::vector<int64_t>(batch + 1, 0));
+    std::vector<ember_feature_batch> features(n);
+    for (size_t f = 0; f < n; ++f) {
+      const auto k = static_cast<size_t>(feature_index[f]);
+      for (size_t i = 0; i < batch; ++i) offsets[f][i + 1] = offsets[f][i] + lens.data()[k * batch + i];
+      features[f] = {offsets[f].data(), batch + 1, ids.data() + start[k], start[k + 1] - start[k],
+                     w.has_value() ? w->data() + start[k] : nullptr,
+                     w.has_value() ? start[k + 1] - start[k] : 0};
+    }
+    CallReleased([&] { return ember_pipeline_prefetch(pipeline_, step, features.data(), n); });
+  }
+
   // Returns the pooled rows ([batch, dim] float32 per feature); with `out`
   // (one writable C-contiguous float32 buffer per feature) writes there
   // instead and returns `out`.
@@ -501,6 +551,8 @@ PYBIND11_MODULE(_ember, m) {
            py::arg("prefetch_depth"), py::arg("first_step"), py::keep_alive<1, 2>())
       .def("prefetch", &StepPipeline::Prefetch, py::arg("step"), py::arg("batch"))
       .def("wait", &StepPipeline::Wait, py::arg("step"), py::arg("out") = py::none())
+      .def("prefetch_jagged", &StepPipeline::PrefetchJagged, py::arg("step"), py::arg("values"),
+           py::arg("lengths"), py::arg("feature_index"), py::arg("weights") = py::none())
       .def("push", &StepPipeline::Push, py::arg("step"), py::arg("grads"))
       .def("wait_packed", &StepPipeline::WaitPacked, py::arg("step"), py::arg("out") = py::none())
       .def("push_packed", &StepPipeline::PushPacked, py::arg("step"), py::arg("grads"))
