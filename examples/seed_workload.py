@@ -161,5 +161,26 @@ def arguments(description: str, modes):
     return p.parse_args()
 
 
+def run_on_ember(args, train) -> dict:
+    """Runs train(client, meter) -> extra figures on the cluster of
+    --shards, or on a local 2-shard cluster started (and stopped) here, and
+    returns the meter's result with the shards' CPU when their pids are known."""
+    import ember
+    from ember.local_cluster import LocalCluster
+    cluster = None
+    if args.shards:
+        addresses, pids = args.shards.split(","), []
+    else:
+        cluster = LocalCluster(shards=2)
+        addresses, pids = cluster.addresses, cluster.pids
+    try:
+        meter = Meter(args.warmup, pids)
+        extra = train(ember.Client(addresses), meter)
+        return meter.result(**extra)
+    finally:
+        if cluster:
+            cluster.stop()
+
+
 def emit(result: dict):
     print("RESULT " + json.dumps(result), flush=True)

@@ -196,23 +196,8 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(2)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     records = serialized_batches(w.make_batches(ARGS.batches, ARGS.scale, ARGS.seed))
-    extra = {}
     if ARGS.mode == "ember":
-        import ember
-        from ember.local_cluster import LocalCluster
-        cluster = None
-        if ARGS.shards:
-            addresses, pids = ARGS.shards.split(","), []
-        else:
-            cluster = LocalCluster(shards=2)
-            addresses, pids = cluster.addresses, cluster.pids
-        try:
-            meter = w.Meter(ARGS.warmup, pids)
-            extra = run_ember(records, meter, ember.Client(addresses))
-            result = meter.result(**extra)
-        finally:
-            if cluster:
-                cluster.stop()
+        result = w.run_on_ember(ARGS, lambda client, meter: run_ember(records, meter, client))
     else:
         meter = w.Meter(ARGS.warmup)
         (run_native if ARGS.mode == "native" else run_tfra)(records, meter)

@@ -132,23 +132,8 @@ def main():
     args = w.arguments(__doc__.splitlines()[0], ["native", "torchrec", "ember"])
     torch.set_num_threads(1)
     batches = w.make_batches(args.batches, args.scale, args.seed)
-    extra = {}
     if args.mode == "ember":
-        import ember
-        from ember.local_cluster import LocalCluster
-        cluster = None
-        if args.shards:
-            addresses, pids = args.shards.split(","), []
-        else:
-            cluster = LocalCluster(shards=2)
-            addresses, pids = cluster.addresses, cluster.pids
-        try:
-            meter = w.Meter(args.warmup, pids)
-            extra = run_ember(args, batches, meter, ember.Client(addresses))
-            result = meter.result(**extra)
-        finally:
-            if cluster:
-                cluster.stop()
+        result = w.run_on_ember(args, lambda client, meter: run_ember(args, batches, meter, client))
     else:
         meter = w.Meter(args.warmup)
         (run_native if args.mode == "native" else run_torchrec)(args, batches, meter)
