@@ -18,12 +18,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_util.h"
 #include "bench/reference_workload.h"
+#include "bench/workload_flags.h"
 #include "client/dedup.h"
 #include "common/abseil_mode.h"
+#include "common/process_cpu.h"
 #include "common/wire.h"
 #include "ember/client.h"
 
@@ -33,9 +36,6 @@ ABSL_FLAG(std::string, pipelines, "1,4", "Concurrent step pipelines to measure, 
 ABSL_FLAG(int, steps, 200, "Step requests per pipeline per round.");
 ABSL_FLAG(int, rounds, 5, "Rounds per system (alternating); medians are reported.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension.");
-ABSL_FLAG(int, batch, 128, "Examples per step.");
-ABSL_FLAG(uint64_t, scale_down, 1, "Divide every cardinality by this.");
-ABSL_FLAG(uint64_t, seed, 42, "Seed of the id streams (pipeline p uses seed + p).");
 
 namespace ember::bench {
 namespace {
@@ -53,8 +53,7 @@ struct StepRequest {
 };
 
 std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uint32_t shards,
-                                       uint32_t dim, int steps, uint64_t seed) {
-  BatchGenerator gen(features, absl::GetFlag(FLAGS_batch), seed);
+                                       uint32_t dim, int steps, BatchGenerator gen) {
   std::vector<StepRequest> out(steps);
   KeyDeduplicator dedup;
   std::vector<uint32_t> inverse;
@@ -92,8 +91,28 @@ std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uin
 struct Sample {
   double seconds = 0;
   uint64_t keys = 0, unique = 0, payload = 0;
+  int64_t steps = 0;
+  double cpu_seconds = -1;  // this process and every shard; -1: not measured
   std::vector<double> latency_ms;
 };
+
+// CPU seconds of this process plus every shard (GetShardInfo); -1 if unknown.
+double ClusterCpuSeconds(Client& client) {
+  absl::StatusOr<std::vector<v1::GetShardInfoResponse>> infos = client.ShardInfos();
+  if (!infos.ok()) return -1;
+  double cpu = ProcessCpuSeconds();
+  for (const v1::GetShardInfoResponse& info : *infos) {
+    if (info.process_cpu_seconds() <= 0) return -1;
+    cpu += info.process_cpu_seconds();
+  }
+  return cpu;
+}
+
+// Sets s.cpu_seconds from two ClusterCpuSeconds readings.
+Sample WithCpu(Sample s, double before, double after) {
+  if (before >= 0 && after >= 0) s.cpu_seconds = after - before;
+  return s;
+}
 
 // Runs every pipeline's steps on its own thread; `step(p, i)` sends one.
 template <typename StepFn>
@@ -119,6 +138,7 @@ Sample RunThreads(const std::vector<std::vector<StepRequest>>& streams, int pipe
         payload += streams[p][i].payload;
       }
       absl::MutexLock lock(&mu);
+      s.steps += static_cast<int64_t>(lat.size());
       s.latency_ms.insert(s.latency_ms.end(), lat.begin(), lat.end());
       s.keys += keys;
       s.unique += unique;
@@ -198,19 +218,22 @@ bool RedisMget(RedisConns& conns, const StepRequest& r, size_t row_bytes,
 
 struct Summary {
   double keys_per_s, unique_per_s, mb_per_s, p50, p99, p999;
+  double cpu_ms_per_step;  // -1: not measured
 };
 
 // Medians over rounds of the rates; latency quantiles over all samples.
 Summary Summarize(const std::vector<Sample>& rounds) {
-  std::vector<double> k, u, b, lat;
+  std::vector<double> k, u, b, lat, cpu;
   for (const Sample& s : rounds) {
+    if (s.cpu_seconds >= 0 && s.steps > 0) cpu.push_back(1000.0 * s.cpu_seconds / s.steps);
     k.push_back(s.keys / s.seconds);
     u.push_back(s.unique / s.seconds);
     b.push_back(s.payload / s.seconds / 1e6);
     lat.insert(lat.end(), s.latency_ms.begin(), s.latency_ms.end());
   }
-  return {Quantile(k, 0.5), Quantile(u, 0.5), Quantile(b, 0.5),
-          Quantile(lat, 0.5), Quantile(lat, 0.99), Quantile(lat, 0.999)};
+  return {Quantile(k, 0.5),    Quantile(u, 0.5),    Quantile(b, 0.5),
+          Quantile(lat, 0.5),  Quantile(lat, 0.99), Quantile(lat, 0.999),
+          cpu.size() == rounds.size() ? Quantile(cpu, 0.5) : -1};
 }
 
 int Run() {
@@ -223,7 +246,8 @@ int Run() {
   }
   const uint32_t shards = (*client)->shard_count();
   const uint32_t dim = absl::GetFlag(FLAGS_dim);
-  const auto features = ReferenceFeatures(absl::GetFlag(FLAGS_scale_down));
+  const WorkloadFlags workload = ReadWorkloadFlags();
+  const auto features = workload.Features();
   if (absl::Status s = CreateReferenceTables(**client, features, dim); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
@@ -236,9 +260,15 @@ int Run() {
   if (pipeline_counts.empty()) return 1;
   const int max_p = *std::max_element(pipeline_counts.begin(), pipeline_counts.end());
   const int steps = absl::GetFlag(FLAGS_steps);
-  std::vector<std::vector<StepRequest>> streams;
-  for (int p = 0; p < max_p; ++p) {
-    streams.push_back(BuildRequests(features, shards, dim, steps, absl::GetFlag(FLAGS_seed) + p));
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  // sets[r][p]: pipeline p's steps in round r. Cycled: one set, every round
+  // repeats it; fresh ids: a set per round, each step's keys new to the round.
+  std::vector<std::vector<std::vector<StepRequest>>> sets(workload.fresh_ids ? rounds : 1);
+  for (size_t r = 0; r < sets.size(); ++r) {
+    for (int p = 0; p < max_p; ++p) {
+      sets[r].push_back(BuildRequests(features, shards, dim, steps,
+                                      workload.Generator(p, static_cast<int>(r))));
+    }
   }
   std::vector<std::string> redis_addrs;
   if (!absl::GetFlag(FLAGS_redis).empty()) redis_addrs = absl::StrSplit(absl::GetFlag(FLAGS_redis), ',');
@@ -247,11 +277,8 @@ int Run() {
                  redis_addrs.size());
     return 1;
   }
-  std::printf("ember-lookup-bench: %u shards, 17 features (cardinality / %lu), batch %d, dim %u, "
-              "%d steps x %d rounds, seed %lu, %u cores%s\n",
-              shards, static_cast<unsigned long>(absl::GetFlag(FLAGS_scale_down)),
-              absl::GetFlag(FLAGS_batch), dim, steps, absl::GetFlag(FLAGS_rounds),
-              static_cast<unsigned long>(absl::GetFlag(FLAGS_seed)),
+  std::printf("ember-lookup-bench: %u shards, %s, dim %u, %d steps x %d rounds, %u cores%s\n",
+              shards, workload.Describe().c_str(), dim, steps, rounds,
               std::thread::hardware_concurrency(), redis_addrs.empty() ? ", no Redis" : "");
 
   // Every key goes into Ember once (inserting its initial row); the rows
@@ -259,41 +286,47 @@ int Run() {
   const size_t row_bytes = dim * 4;
   RedisConns loader;
   if (!redis_addrs.empty() && !ConnectRedis(redis_addrs, &loader)) return 1;
-  for (const auto& stream : streams) {
-    for (const StepRequest& r : stream) {
-      std::vector<v1::LookupResponse> resp;
-      if (absl::Status st = (*client)->Lookup(r.lookup, &resp); !st.ok()) {
-        std::fprintf(stderr, "lookup: %s\n", st.ToString().c_str());
+  // Every step of every round, flattened: each key goes in once.
+  std::vector<const StepRequest*> all;
+  for (const auto& set : sets) {
+    for (const auto& stream : set) {
+      for (const StepRequest& r : stream) all.push_back(&r);
+    }
+  }
+  for (const StepRequest* rp : all) {
+    const StepRequest& r = *rp;
+    std::vector<v1::LookupResponse> resp;
+    if (absl::Status st = (*client)->Lookup(r.lookup, &resp); !st.ok()) {
+      std::fprintf(stderr, "lookup: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    if (redis_addrs.empty()) continue;
+    for (uint32_t s = 0; s < shards; ++s) {
+      std::vector<const char*> argv = {"MSET"};
+      std::vector<size_t> argl = {4};
+      for (int t = 0; t < r.lookup[s].tables_size(); ++t) {
+        const std::string& keys = r.lookup[s].tables(t).keys();
+        const std::string& rows = resp[s].tables(t).rows();
+        for (size_t i = 0; i < keys.size() / 8; ++i) {
+          argv.push_back(keys.data() + i * 8);
+          argl.push_back(8);
+          argv.push_back(rows.data() + i * row_bytes);
+          argl.push_back(row_bytes);
+        }
+      }
+      if (argv.size() == 1) continue;
+      redisReply* reply = static_cast<redisReply*>(
+          redisCommandArgv(loader.c[s], static_cast<int>(argv.size()), argv.data(), argl.data()));
+      if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
+        std::fprintf(stderr, "redis MSET failed\n");
         return 1;
       }
-      if (redis_addrs.empty()) continue;
-      for (uint32_t s = 0; s < shards; ++s) {
-        std::vector<const char*> argv = {"MSET"};
-        std::vector<size_t> argl = {4};
-        for (int t = 0; t < r.lookup[s].tables_size(); ++t) {
-          const std::string& keys = r.lookup[s].tables(t).keys();
-          const std::string& rows = resp[s].tables(t).rows();
-          for (size_t i = 0; i < keys.size() / 8; ++i) {
-            argv.push_back(keys.data() + i * 8);
-            argl.push_back(8);
-            argv.push_back(rows.data() + i * row_bytes);
-            argl.push_back(row_bytes);
-          }
-        }
-        if (argv.size() == 1) continue;
-        redisReply* reply = static_cast<redisReply*>(
-            redisCommandArgv(loader.c[s], static_cast<int>(argv.size()), argv.data(), argl.data()));
-        if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
-          std::fprintf(stderr, "redis MSET failed\n");
-          return 1;
-        }
-        freeReplyObject(reply);
-      }
+      freeReplyObject(reply);
     }
   }
   if (!redis_addrs.empty()) {
     // Same rows: Redis's answer to the first step equals Ember's.
-    const StepRequest& r = streams[0][0];
+    const StepRequest& r = sets[0][0][0];
     std::vector<std::string> redis_rows;
     if (!RedisMget(loader, r, row_bytes, &redis_rows)) return 1;
     std::vector<v1::LookupResponse> resp;
@@ -313,7 +346,8 @@ int Run() {
   }
 
   std::printf("\n| pipelines | system | keys/s | unique rows/s | payload MB/s | p50 ms | p99 ms | "
-              "p999 ms |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "p999 ms | CPU ms/step (bench + shards) |\n| --- | --- | --- | --- | --- | --- | --- | "
+              "--- | --- |\n");
   for (int pipelines : pipeline_counts) {
     std::vector<Sample> ember_lookup, ember_push, redis;
     std::vector<std::unique_ptr<RedisConns>> conns(pipelines);
@@ -321,20 +355,25 @@ int Run() {
       conns[p] = std::make_unique<RedisConns>();
       if (!ConnectRedis(redis_addrs, conns[p].get())) return 1;
     }
-    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-      ember_lookup.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
+    for (int round = 0; round < rounds; ++round) {
+      const auto& streams = sets[workload.fresh_ids ? round : 0];
+      double cpu0 = ClusterCpuSeconds(**client);
+      Sample lookup = RunThreads(streams, pipelines, [&](int p, size_t i) {
         std::vector<v1::LookupResponse> resp;
         return (*client)->Lookup(streams[p][i].lookup, &resp).ok();
-      }));
+      });
+      ember_lookup.push_back(WithCpu(std::move(lookup), cpu0, ClusterCpuSeconds(**client)));
       if (!redis_addrs.empty()) {
         redis.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
           return RedisMget(*conns[p], streams[p][i], row_bytes, nullptr);
         }));
       }
-      ember_push.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
+      cpu0 = ClusterCpuSeconds(**client);
+      Sample push = RunThreads(streams, pipelines, [&](int p, size_t i) {
         std::vector<v1::PushResponse> resp;
         return (*client)->Push(streams[p][i].push, &resp).ok();
-      }));
+      });
+      ember_push.push_back(WithCpu(std::move(push), cpu0, ClusterCpuSeconds(**client)));
       for (auto* v : {&ember_lookup, &ember_push, &redis}) {
         if (!v->empty() && v->back().seconds < 0) {
           std::fprintf(stderr, "a request failed\n");
@@ -343,8 +382,9 @@ int Run() {
       }
     }
     auto print = [&](const char* name, const Summary& s) {
-      std::printf("| %d | %s | %.0f | %.0f | %.1f | %.3f | %.3f | %.3f |\n", pipelines, name,
-                  s.keys_per_s, s.unique_per_s, s.mb_per_s, s.p50, s.p99, s.p999);
+      const std::string cpu = s.cpu_ms_per_step >= 0 ? absl::StrFormat("%.3f", s.cpu_ms_per_step) : "-";
+      std::printf("| %d | %s | %.0f | %.0f | %.1f | %.3f | %.3f | %.3f | %s |\n", pipelines, name,
+                  s.keys_per_s, s.unique_per_s, s.mb_per_s, s.p50, s.p99, s.p999, cpu.c_str());
     };
     const Summary el = Summarize(ember_lookup);
     print("Ember Lookup (gRPC)", el);
@@ -352,7 +392,7 @@ int Run() {
     if (!redis.empty()) {
       const Summary rs = Summarize(redis);
       print("Redis MGET", rs);
-      std::printf("| %d | Ember Lookup / Redis MGET | %.2fx | %.2fx | | | | |\n", pipelines,
+      std::printf("| %d | Ember Lookup / Redis MGET | %.2fx | %.2fx | | | | | |\n", pipelines,
                   el.keys_per_s / rs.keys_per_s, el.unique_per_s / rs.unique_per_s);
     }
     std::fflush(stdout);

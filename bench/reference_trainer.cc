@@ -5,10 +5,9 @@
 //   for every simulated compute time: no embeddings at all (the baseline),
 //   Ember with prefetch off (prefetch(t) then wait(t)), Ember with prefetch on
 //   (prefetch(t + depth) before computing t).
-// Prints steps/s, step time, the exposed embedding wait per step and the
-// efficiency = baseline step time / step time.
-#include <sys/resource.h>
-
+// Prints steps/s, step time, the exposed embedding wait per step, the
+// efficiency = baseline step time / step time, and the CPU per pipeline-step
+// of the trainer, of the shards (from GetShardInfo) and of both.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -20,9 +19,12 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/batch_source.h"
 #include "bench/bench_util.h"
 #include "bench/reference_workload.h"
+#include "bench/workload_flags.h"
 #include "common/abseil_mode.h"
+#include "common/process_cpu.h"
 #include "ember/client.h"
 #include "ember/step_pipeline.h"
 #include "ember/trainer_metrics.h"
@@ -31,8 +33,6 @@ ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard address
 ABSL_FLAG(std::string, pipelines, "4",
           "Step pipelines (simulated GPUs), one thread each; a comma-separated list runs each.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension of every table.");
-ABSL_FLAG(int, batch, 128, "Examples per step per pipeline.");
-ABSL_FLAG(uint64_t, scale_down, 1, "Divide every cardinality by this (100: the test variant).");
 ABSL_FLAG(std::string, compute_ms, "0,1,5", "Simulated compute per step, in ms, comma-separated.");
 ABSL_FLAG(std::string, compute_mode, "sleep",
           "sleep: the host is free while the GPU computes; busy: CPU training (spins).");
@@ -45,19 +45,13 @@ ABSL_FLAG(int, metrics_port, -1,
           "Serve the trainer's Prometheus metrics (ember_trainer_*) on GET /metrics at this "
           "port; 0: a free one (printed); -1: off.");
 ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
-ABSL_FLAG(int, batches, 256, "Distinct batches per pipeline, drawn up front and cycled.");
-ABSL_FLAG(uint64_t, seed, 42, "Seed of the id streams (pipeline p uses seed + p).");
+ABSL_FLAG(int, batches, 256,
+          "Distinct batches per pipeline, drawn up front and cycled (unless --fresh_ids).");
 
 namespace ember::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ProcessCpuSeconds() {
-  rusage u;
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
 
 void Compute(double ms, bool busy) {
   if (ms <= 0) return;
@@ -75,12 +69,14 @@ struct RunResult {
   int64_t steps = 0;         // over all pipelines
   std::vector<double> wait_ms;  // one per step
   uint64_t keys = 0, unique_keys = 0, bytes = 0, rpcs = 0;
-  double cpu_seconds = 0;  // of this trainer process, all threads
+  double cpu_seconds = 0;        // of this trainer process, all threads, less drawing batches
+  double shard_cpu_seconds = -1;  // of every shard process; -1: unknown
   absl::Status status;
 
   double StepsPerSecond() const { return seconds > 0 ? steps / seconds : 0; }
   // Mean time of one pipeline's step.
   double StepMs(int pipelines) const { return steps ? 1000.0 * seconds * pipelines / steps : 0; }
+  double CpuMsPerStep(double cpu) const { return steps ? 1000.0 * cpu / steps : 0; }
   double WaitMs(double quantile) const { return Quantile(wait_ms, quantile); }
   double MeanWaitMs() const {
     double s = 0;
@@ -131,10 +127,33 @@ TrainerMetrics* Metrics() {
   return metrics;
 }
 
+// CPU seconds of every shard so far (GetShardInfo), or -1 if a shard does not say.
+double ShardCpuSeconds(Client* client) {
+  absl::StatusOr<std::vector<v1::GetShardInfoResponse>> infos = client->ShardInfos();
+  if (!infos.ok()) return -1;
+  double cpu = 0;
+  for (const v1::GetShardInfoResponse& info : *infos) {
+    if (info.process_cpu_seconds() <= 0) return -1;  // an older shard
+    cpu += info.process_cpu_seconds();
+  }
+  return cpu;
+}
+
+// Pipeline p's batches for one run: its ring, or a fresh stream (run `run`).
+std::unique_ptr<BatchSource> Batches(const WorkloadFlags& w, const std::vector<std::vector<Batch>>& rings,
+                                     int p, int run) {
+  if (w.fresh_ids) return std::make_unique<BatchSource>(w.Generator(p, run + 1), /*ahead=*/8);
+  return std::make_unique<BatchSource>(rings[p]);
+}
+
 RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t worker_base,
-                   const std::vector<FeatureSpec>& specs,
-                   const std::vector<std::vector<Batch>>& batches) {
+                   const std::vector<FeatureSpec>& specs, const WorkloadFlags& workload,
+                   const std::vector<std::vector<Batch>>& rings) {
   RunResult r;
+  std::vector<std::unique_ptr<BatchSource>> sources;
+  for (int p = 0; p < c.pipelines; ++p) {
+    sources.push_back(Batches(workload, rings, p, static_cast<int>(worker_base / 100)));
+  }
   std::mutex mu;
   std::vector<std::unique_ptr<StepPipeline>> pipes;
   for (int p = 0; p < c.pipelines; ++p) {
@@ -154,11 +173,12 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   std::vector<std::thread> threads;
   double seconds_sum = 0;
   const uint64_t rpcs_before = client->Stats().rpcs;
+  const double shard_cpu_before = ShardCpuSeconds(client);
   const double cpu_before = ProcessCpuSeconds();
   for (int p = 0; p < c.pipelines; ++p) {
     threads.emplace_back([&, p] {
       StepPipeline& pipe = *pipes[p];
-      const std::vector<Batch>& ring = batches[p];
+      BatchSource& source = *sources[p];
       const int depth = prefetch ? pipe.prefetch_depth() : 0;
       std::vector<double> waits;
       std::vector<std::vector<float>> grads(specs.size());
@@ -168,7 +188,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
       const auto start = Clock::now();
       for (; std::chrono::duration<double>(Clock::now() - start).count() < c.seconds; ++t) {
         for (; next <= t + depth && status.ok(); ++next) {
-          status = pipe.Prefetch(next, ring[next % ring.size()]);
+          status = pipe.Prefetch(next, source.Next());
         }
         if (!status.ok()) break;
         const auto w0 = Clock::now();
@@ -204,6 +224,11 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   r.seconds = seconds_sum / c.pipelines;
   r.rpcs = client->Stats().rpcs - rpcs_before;
   r.cpu_seconds = ProcessCpuSeconds() - cpu_before;
+  for (const auto& source : sources) r.cpu_seconds -= source->DrawCpuSeconds();
+  const double shard_cpu_after = ShardCpuSeconds(client);
+  if (shard_cpu_before >= 0 && shard_cpu_after >= 0) {
+    r.shard_cpu_seconds = shard_cpu_after - shard_cpu_before;
+  }
   return r;
 }
 
@@ -227,7 +252,8 @@ int Run() {
     std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  const auto features = ReferenceFeatures(absl::GetFlag(FLAGS_scale_down));
+  const WorkloadFlags workload = ReadWorkloadFlags();
+  const auto features = workload.Features();
   const uint32_t dim = absl::GetFlag(FLAGS_dim);
   if (absl::Status s = CreateReferenceTables(**client, features, dim); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -241,27 +267,25 @@ int Run() {
   }
   if (pipeline_counts.empty()) return 1;
   const int max_pipelines = *std::max_element(pipeline_counts.begin(), pipeline_counts.end());
-  const uint64_t seed = absl::GetFlag(FLAGS_seed);
   std::vector<std::vector<Batch>> batches(max_pipelines);
-  for (int p = 0; p < max_pipelines; ++p) {
-    BatchGenerator gen(features, absl::GetFlag(FLAGS_batch), seed + p);
+  for (int p = 0; p < max_pipelines && !workload.fresh_ids; ++p) {
+    BatchGenerator gen = workload.Generator(p);
     for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches[p].push_back(gen.Next());
   }
   const bool busy = absl::GetFlag(FLAGS_compute_mode) == "busy";
   const std::vector<double> computes = ParseList(absl::GetFlag(FLAGS_compute_ms));
-  std::printf("ember-trainer: %zu shards, pipelines %s, 17 features (cardinality / %lu), batch %d, "
-              "dim %u, staleness %d, compute %s, %.0f s per run, seed %lu, %u cores\n",
+  std::printf("ember-trainer: %zu shards, pipelines %s, %s, dim %u, staleness %d, compute %s, "
+              "%.0f s per run, %u cores\n",
               options.shards.size(), absl::GetFlag(FLAGS_pipelines).c_str(),
-              static_cast<unsigned long>(absl::GetFlag(FLAGS_scale_down)), absl::GetFlag(FLAGS_batch),
-              dim, absl::GetFlag(FLAGS_staleness), busy ? "busy-wait" : "sleep",
-              absl::GetFlag(FLAGS_seconds), static_cast<unsigned long>(seed),
+              workload.Describe().c_str(), dim, absl::GetFlag(FLAGS_staleness),
+              busy ? "busy-wait" : "sleep", absl::GetFlag(FLAGS_seconds),
               std::thread::hardware_concurrency());
   std::fflush(stdout);
 
   uint32_t worker_base = 0;
   if (absl::GetFlag(FLAGS_warmup_seconds) > 0) {
     Config warm{max_pipelines, 0, false, absl::GetFlag(FLAGS_warmup_seconds)};
-    RunResult w = RunEmber(client->get(), warm, true, worker_base, specs, batches);
+    RunResult w = RunEmber(client->get(), warm, true, worker_base, specs, workload, batches);
     worker_base += 100;
     if (!w.status.ok()) {
       std::fprintf(stderr, "warm-up: %s\n", w.status.ToString().c_str());
@@ -290,7 +314,7 @@ int Run() {
       std::fflush(stdout);
       rows.push_back({pipelines, ms, "no embeddings", base, base_ms});
       for (bool prefetch : {false, true}) {
-        RunResult r = RunEmber(client->get(), c, prefetch, worker_base, specs, batches);
+        RunResult r = RunEmber(client->get(), c, prefetch, worker_base, specs, workload, batches);
         worker_base += 100;
         if (!r.status.ok()) {
           std::fprintf(stderr, "compute %g ms prefetch %s: %s\n", ms, prefetch ? "on" : "off",
@@ -308,24 +332,31 @@ int Run() {
 
   std::printf("\n| pipelines | compute | mode | steps/s (all pipelines) | step ms | exposed wait ms "
               "mean | wait p99 ms | efficiency | unique keys/step | KB/step | RPCs/step | trainer CPU "
-              "ms/step |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "ms/step | shards CPU ms/step | total CPU ms/step |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (Row& row : rows) {
     RunResult& r = row.r;
     const double step_ms = r.StepMs(row.pipelines);
     if (std::string(row.mode) == "no embeddings") {
-      std::printf("| %d | %g ms | %s | %.0f | %.3f | - | - | 1 | - | - | - | - |\n", row.pipelines,
+      std::printf("| %d | %g ms | %s | %.0f | %.3f | - | - | 1 | - | - | - | - | - | - |\n", row.pipelines,
                   row.compute, row.mode, r.StepsPerSecond(), step_ms);
       continue;
     }
     // With no compute the baseline step is empty: efficiency means nothing.
     const std::string efficiency =
         row.compute > 0 ? absl::StrFormat("%.3f", row.baseline_ms / step_ms) : "-";
-    std::printf("| %d | %g ms | %s | %.0f | %.3f | %.3f | %.3f | %s | %.0f | %.1f | %.2f | %.2f |\n",
+    const bool shards_known = r.shard_cpu_seconds >= 0;
+    const std::string shard_cpu =
+        shards_known ? absl::StrFormat("%.2f", r.CpuMsPerStep(r.shard_cpu_seconds)) : "-";
+    const std::string total_cpu =
+        shards_known ? absl::StrFormat("%.2f", r.CpuMsPerStep(r.cpu_seconds + r.shard_cpu_seconds))
+                     : "-";
+    std::printf("| %d | %g ms | %s | %.0f | %.3f | %.3f | %.3f | %s | %.0f | %.1f | %.2f | %.2f | %s | "
+                "%s |\n",
                 row.pipelines, row.compute, row.mode, r.StepsPerSecond(), step_ms, r.MeanWaitMs(),
                 r.WaitMs(0.99), efficiency.c_str(), r.steps ? double(r.unique_keys) / r.steps : 0,
                 r.steps ? r.bytes / 1024.0 / r.steps : 0, r.steps ? double(r.rpcs) / r.steps : 0,
-                r.steps ? 1000.0 * r.cpu_seconds / r.steps : 0);
+                r.CpuMsPerStep(r.cpu_seconds), shard_cpu.c_str(), total_cpu.c_str());
   }
   if (TraceRecorder* trace = Timeline()) {
     if (absl::Status w = trace->WriteJson(absl::GetFlag(FLAGS_trace)); !w.ok()) {

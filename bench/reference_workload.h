@@ -25,36 +25,50 @@ struct Feature {
 };
 
 // The 17 features; `scale_down` divides every cardinality (100 gives the
-// smaller variant tests use).
-inline std::vector<Feature> ReferenceFeatures(uint64_t scale_down = 1) {
+// smaller variant tests use) and `scale` then multiplies it (benchmarks'
+// --cardinality_scale).
+inline std::vector<Feature> ReferenceFeatures(uint64_t scale_down = 1, double scale = 1.0) {
   const uint64_t cards[17] = {10'000'000, 5'000'000, 2'000'000, 1'000'000, 1'000'000, 500'000,
                               200'000,    100'000,   50'000,    20'000,    10'000,    5'000,
                               1'000,      500,       100,       50,        10};
   std::vector<Feature> f;
   for (int i = 0; i < 17; ++i) {
-    const uint64_t c = std::max<uint64_t>(1, cards[i] / scale_down);
+    const uint64_t c = std::max<uint64_t>(
+        1, static_cast<uint64_t>(static_cast<double>(cards[i] / scale_down) * scale));
     f.push_back({"feature_" + std::to_string(i), c, 1, i < 12 ? 1 : 8});
   }
   return f;
 }
 
 // Zipf-like ids in [0, n) with exponent s (!= 1), by inverting the CDF of the
-// continuous power law: rank 0 is the most frequent. Cheap and stateless
-// beyond n and s; close to the discrete Zipf for the head that matters here.
+// continuous power law (rank 0 is the most frequent): close to the discrete
+// Zipf for the head that matters here. The inverse CDF is tabled at 4,096
+// quantiles (32 KB, cache-resident) and interpolated linearly between them,
+// so a draw costs one random number instead of a pow(): benchmarks draw
+// fresh batches every step without the drawing costing more CPU than the
+// system under test.
 class ZipfSampler {
  public:
-  ZipfSampler(uint64_t n, double s) : n_(n), s_(s), a_(std::pow(double(n) + 1, 1 - s) - 1) {}
+  ZipfSampler(uint64_t n, double s) : n_(n), bounds_(kBuckets + 1) {
+    const double a = std::pow(double(n) + 1, 1 - s) - 1;
+    for (size_t i = 0; i <= kBuckets; ++i) {
+      const double u = static_cast<double>(i) / kBuckets;
+      bounds_[i] = std::pow(a * u + 1, 1 / (1 - s)) - 1;
+    }
+  }
   template <typename Rng>
   uint64_t operator()(Rng& rng) const {
-    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
-    const double x = std::pow(a_ * u + 1, 1 / (1 - s_)) - 1;
+    const uint64_t r = rng();
+    const size_t i = static_cast<size_t>(r >> 52);
+    const double frac = static_cast<double>(r & ((uint64_t{1} << 52) - 1)) * 0x1p-52;
+    const double x = bounds_[i] + frac * (bounds_[i + 1] - bounds_[i]);
     return std::min<uint64_t>(n_ - 1, static_cast<uint64_t>(x));
   }
 
  private:
+  static constexpr size_t kBuckets = size_t{1} << 12;
   uint64_t n_;
-  double s_;
-  double a_;
+  std::vector<double> bounds_;
 };
 
 // The uint64 key of id `id` of feature `feature` ("ids hashed to uint64 keys").
@@ -96,22 +110,44 @@ inline std::vector<FeatureSpec> ReferenceFeatureSpecs(const std::vector<Feature>
   return specs;
 }
 
+// A small, fast 64-bit generator (splitmix64): drawing ids must cost far
+// less than the system under test spends on them.
+class SplitMix64 {
+ public:
+  using result_type = uint64_t;
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  static constexpr uint64_t min() { return 0; }
+  static constexpr uint64_t max() { return ~uint64_t{0}; }
+  uint64_t operator()() { return Mix64(state_ += 0x9e3779b97f4a7c15ULL); }
+
+ private:
+  uint64_t state_;
+};
+
+// The reference workload's Zipf exponent.
+constexpr double kReferenceZipfExponent = 1.05;
+
 // Draws the batches of one id stream: Zipf ids per feature, hashed to keys.
 class BatchGenerator {
  public:
-  BatchGenerator(std::vector<Feature> features, int batch_size, uint64_t seed)
+  BatchGenerator(std::vector<Feature> features, int batch_size, uint64_t seed,
+                 double zipf_exponent = kReferenceZipfExponent)
       : features_(std::move(features)), batch_size_(batch_size), rng_(seed) {
-    for (const Feature& f : features_) zipf_.emplace_back(f.cardinality, 1.05);
+    for (const Feature& f : features_) zipf_.emplace_back(f.cardinality, zipf_exponent);
   }
   Batch Next() {
     Batch b;
     for (size_t fi = 0; fi < features_.size(); ++fi) {
       FeatureBatch fb;
       fb.offsets.reserve(batch_size_ + 1);
+      fb.keys.reserve(static_cast<size_t>(batch_size_) * features_[fi].max_ids);
       fb.offsets.push_back(0);
-      std::uniform_int_distribution<int> hot(features_[fi].min_ids, features_[fi].max_ids);
+      const Feature& f = features_[fi];
+      const uint64_t spread = static_cast<uint64_t>(f.max_ids - f.min_ids + 1);
       for (int e = 0; e < batch_size_; ++e) {
-        for (int k = hot(rng_); k > 0; --k) {
+        // Ids per example, uniform in [min_ids, max_ids] (fastrange).
+        const int hot = f.min_ids + static_cast<int>((static_cast<unsigned __int128>(rng_()) * spread) >> 64);
+        for (int k = hot; k > 0; --k) {
           fb.keys.push_back(FeatureKey(static_cast<int>(fi), zipf_[fi](rng_)));
         }
         fb.offsets.push_back(static_cast<int64_t>(fb.keys.size()));
@@ -124,7 +160,7 @@ class BatchGenerator {
  private:
   std::vector<Feature> features_;
   int batch_size_;
-  std::mt19937_64 rng_;
+  SplitMix64 rng_;
   std::vector<ZipfSampler> zipf_;
 };
 

@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/key_hash.h"
+#include "common/process_cpu.h"
 #include "common/status_macros.h"
 #include "common/wire.h"
 #include "kernels/table_config_proto.h"
@@ -106,6 +107,7 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_version(EMBER_VERSION);
   r->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  r->set_process_cpu_seconds(ProcessCpuSeconds());
   r->set_device(options_.device.ToString());
   for (const auto& [id, applied] : clock_.AppliedSteps()) {
     v1::WorkerStep* w = r->add_workers();
