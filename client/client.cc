@@ -7,9 +7,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/request_plan.h"
 #include "common/key_hash.h"
 #include "common/status_macros.h"
-#include "common/wire.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "ember/trainer_metrics.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
@@ -411,34 +411,27 @@ absl::StatusOr<std::vector<float>> Client::LookupRows(const std::string& table,
                                                       absl::Span<const uint64_t> keys,
                                                       bool read_only) {
   const uint32_t n = shard_count();
-  std::vector<std::vector<uint64_t>> shard_keys(n);
-  std::vector<std::vector<size_t>> positions(n);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t s = ShardOf(keys[i]);
-    shard_keys[s].push_back(keys[i]);
-    positions[s].push_back(i);
-  }
+  const std::vector<std::string> tables = {table};
+  // The dim is the shards' answer; the plan reads it when it scatters.
+  std::vector<uint32_t> dims = {0};
+  const std::vector<std::vector<uint64_t>> table_keys = {{keys.begin(), keys.end()}};
+  RequestPlan plan;
+  plan.Route(*this, tables, dims, table_keys);
   std::vector<v1::LookupRequest> requests(n);
   for (uint32_t s = 0; s < n; ++s) {
-    if (shard_keys[s].empty()) continue;
-    v1::TableLookup* t = requests[s].add_tables();
-    t->set_table(table);
-    t->set_keys(PackKeys(shard_keys[s]));
-    t->set_dtype(v1::DTYPE_FP32);
-    t->set_read_only(read_only);
+    if (plan.HasKeys(s)) plan.FillLookup(s, read_only, &requests[s]);
   }
   std::vector<v1::LookupResponse> responses;
   EMBER_RETURN_IF_ERROR(Lookup(requests, &responses));
   std::vector<float> rows;
-  size_t dim = 0;
+  uint64_t received = 0;
   for (uint32_t s = 0; s < n; ++s) {
-    if (shard_keys[s].empty()) continue;
-    const v1::TableRows& r = responses[s].tables(0);
-    dim = r.dim();
-    rows.resize(keys.size() * dim);
-    for (size_t j = 0; j < positions[s].size(); ++j) {
-      memcpy(&rows[positions[s][j] * dim], r.rows().data() + j * dim * 4, dim * 4);
+    if (!plan.HasKeys(s)) continue;
+    if (responses[s].tables_size() > 0 && dims[0] == 0) {
+      dims[0] = responses[s].tables(0).dim();
+      rows.resize(keys.size() * dims[0]);
     }
+    EMBER_RETURN_IF_ERROR(plan.ScatterRows(s, responses[s], {rows.data()}, &received));
   }
   return rows;
 }

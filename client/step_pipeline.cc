@@ -12,6 +12,7 @@
 #include "client/dedup.h"
 #include "client/device_step.h"
 #include "client/pooling.h"
+#include "client/request_plan.h"
 #include "common/status_macros.h"
 
 namespace ember {
@@ -26,10 +27,8 @@ struct Step {
   // With a node exchange: per table, the keys this rank fetches and pushes
   // for the whole node. Without, the fetched keys are `unique`.
   std::vector<std::vector<uint64_t>> owned;
-  // members[shard][table]: indices of the table's fetched keys owned by shard.
-  std::vector<std::vector<std::vector<uint32_t>>> members;
-  // The lookup sent to each shard; the push takes its packed keys over.
-  std::vector<v1::LookupRequest> lookups;
+  // Which shard serves each fetched key; the push goes the same way.
+  RequestPlan plan;
   std::vector<std::vector<float>> pooled;    // per feature, [batch, dim]
   std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push
   std::unique_ptr<DeviceStep> dev;           // device pipelines: the step on the GPU
@@ -479,10 +478,9 @@ class StepPipeline::Impl {
   }
 
   // Dedup per table (and with a node exchange, route the keys to their owner
-  // ranks) and route to shards: fills s.unique, s.inverse, s.owned,
-  // s.members and s.lookups. Returns the fetched key count.
+  // ranks) and route to shards: fills s.unique, s.inverse, s.owned and
+  // s.plan. Returns the fetched key count.
   absl::StatusOr<uint64_t> BuildLookup(Step& s) {
-    const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
     s.unique.assign(tables, {});
     s.inverse.assign(feature_table_.size(), {});
@@ -498,36 +496,8 @@ class StepPipeline::Impl {
     if (node_) {
       EMBER_ASSIGN_OR_RETURN(s.owned, node_->RouteKeys(s.unique));
     }
-    const std::vector<std::vector<uint64_t>>& fetched = Fetched(s);
-    s.members.assign(shards, std::vector<std::vector<uint32_t>>(tables));
-    uint64_t unique_keys = 0;
-    for (size_t tb = 0; tb < tables; ++tb) {
-      const std::vector<uint64_t>& keys = fetched[tb];
-      unique_keys += keys.size();
-      for (uint32_t u = 0; u < keys.size(); ++u) s.members[client_->ShardOf(keys[u])][tb].push_back(u);
-    }
-    // Keys are packed straight into the requests; the push later moves them
-    // into its own requests, so each key is copied onto the wire once.
-    s.lookups.assign(shards, {});
-    for (uint32_t sh = 0; sh < shards; ++sh) {
-      v1::LookupRequest& r = s.lookups[sh];
-      for (size_t tb = 0; tb < tables; ++tb) {
-        const std::vector<uint32_t>& m = s.members[sh][tb];
-        if (m.empty()) continue;
-        v1::TableLookup* t = r.add_tables();
-        t->set_table(tables_[tb]);
-        t->set_dtype(v1::DTYPE_FP32);
-        std::string* bytes = t->mutable_keys();
-        bytes->resize(m.size() * 8);
-        for (size_t j = 0; j < m.size(); ++j) memcpy(bytes->data() + j * 8, &fetched[tb][m[j]], 8);
-      }
-      if (options_.staleness >= 0 && r.tables_size() > 0) {
-        r.set_step(s.step);
-        r.set_staleness(static_cast<uint32_t>(options_.staleness));
-        r.set_worker_id(options_.worker_id);
-      }
-    }
-    return unique_keys;
+    s.plan.Route(*client_, tables_, table_dim_, Fetched(s));
+    return s.plan.keys();
   }
 
   // Scatters the shards' rows to unique rows and pools them per feature.
@@ -561,24 +531,8 @@ class StepPipeline::Impl {
     }
     uint64_t received = 0;
     for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
-      int entry = 0;
-      for (size_t tb = 0; tb < tables; ++tb) {
-        const std::vector<uint32_t>& m = s.members[sh][tb];
-        if (m.empty()) continue;
-        const size_t dim = table_dim_[tb];
-        const v1::LookupResponse& lookup = responses[sh].lookup();
-        if (entry >= lookup.tables_size() || lookup.tables(entry).rows().size() != m.size() * dim * 4) {
-          return absl::InternalError(absl::StrCat(
-              client_->ShardName(sh), " table '", tables_[tb], "' field 'rows': expected ",
-              m.size() * dim * 4, " bytes, received ",
-              entry < lookup.tables_size() ? lookup.tables(entry).rows().size() : 0));
-        }
-        const std::string& r = lookup.tables(entry++).rows();
-        received += r.size();
-        for (size_t j = 0; j < m.size(); ++j) {
-          memcpy(into[tb] + m[j] * dim, r.data() + j * dim * 4, dim * 4);
-        }
-      }
+      if (!s.plan.HasKeys(sh)) continue;
+      EMBER_RETURN_IF_ERROR(s.plan.ScatterRows(sh, responses[sh].lookup(), into, &received));
     }
     if (node_) {
       const uint64_t before = node_->bytes_sent() + node_->bytes_received();
@@ -606,8 +560,8 @@ class StepPipeline::Impl {
   }
 
   // Backward of pooling into per-unique-key gradients: one PushRequest per
-  // shard (every shard, so that its clock advances), keys taken over from
-  // the step's lookups. Returns the payload bytes. A device pipeline's
+  // shard (every shard, so that its clock advances), routed by the step's
+  // plan. Returns the payload bytes. A device pipeline's
   // gradients were computed on the GPU (PushFromDevice); this waits for
   // their copy and then hands the step's device buffers back for reuse.
   absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
@@ -647,22 +601,7 @@ class StepPipeline::Impl {
       v1::PushRequest& r = (*requests)[sh];
       r.set_worker_id(options_.worker_id);
       r.set_step(s.step);
-      int entry = 0;
-      for (size_t tb = 0; tb < tables; ++tb) {
-        const std::vector<uint32_t>& m = s.members[sh][tb];
-        if (m.empty()) continue;
-        const size_t dim = table_dim_[tb];
-        v1::TableGradients* t = r.add_tables();
-        t->set_table(tables_[tb]);
-        t->mutable_keys()->swap(*s.lookups[sh].mutable_tables(entry++)->mutable_keys());
-        t->set_dtype(v1::DTYPE_FP32);
-        std::string* g = t->mutable_gradients();
-        g->resize(m.size() * dim * 4);
-        for (size_t j = 0; j < m.size(); ++j) {
-          memcpy(g->data() + j * dim * 4, grads[tb] + m[j] * dim, dim * 4);
-        }
-        sent += t->keys().size() + g->size();
-      }
+      sent += s.plan.FillPush(sh, grads, &r);
     }
     if (s.dev) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -686,9 +625,14 @@ class StepPipeline::Impl {
       EMBER_ASSIGN_OR_RETURN(const uint64_t unique_keys, BuildLookup(*fetch));
       uint64_t sent = 0;
       for (uint32_t sh = 0; sh < shards; ++sh) {
-        if (fetch->lookups[sh].tables_size() == 0) continue;
-        for (const v1::TableLookup& t : fetch->lookups[sh].tables()) sent += t.keys().size();
-        requests[sh].mutable_lookup()->Swap(&fetch->lookups[sh]);
+        if (!fetch->plan.HasKeys(sh)) continue;
+        v1::LookupRequest* r = requests[sh].mutable_lookup();
+        sent += fetch->plan.FillLookup(sh, /*read_only=*/false, r);
+        if (options_.staleness >= 0) {
+          r->set_step(fetch->step);
+          r->set_staleness(static_cast<uint32_t>(options_.staleness));
+          r->set_worker_id(options_.worker_id);
+        }
       }
       CountBytes(*fetch, sent, 0, 0);
       CountFetch(*fetch, unique_keys, push);
@@ -711,13 +655,7 @@ class StepPipeline::Impl {
                                             absl::StatusCodeToString(c.code), "\""));
       }
     }
-    if (fetch) {
-      // The keys come back to the step for its push.
-      for (uint32_t sh = 0; sh < shards; ++sh) {
-        if (requests[sh].has_lookup()) fetch->lookups[sh].Swap(requests[sh].mutable_lookup());
-      }
-      if (status.ok()) status = FinishLookup(*fetch, responses);
-    }
+    if (fetch && status.ok()) status = FinishLookup(*fetch, responses);
     return status;
   }
 

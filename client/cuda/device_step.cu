@@ -11,8 +11,8 @@
 #include "client/device_step.h"
 #include "client/pooling_math.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/cuda_raii.cuh"
-#include "kernels/cuda/grid.cuh"
+#include "common/cuda/cuda_raii.cuh"
+#include "common/cuda/grid.cuh"
 
 namespace ember {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/cuda_raii.cuh"
+#include "common/cuda/cuda_raii.cuh"
 
 namespace ember {
 namespace {

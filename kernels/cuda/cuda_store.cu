@@ -17,8 +17,8 @@
 #include "common/key_hash.h"
 #include "common/status_macros.h"
 #include "kernels/bucket_table.h"
-#include "kernels/cuda/cuda_raii.cuh"
-#include "kernels/cuda/grid.cuh"
+#include "common/cuda/cuda_raii.cuh"
+#include "common/cuda/grid.cuh"
 #include "kernels/initializer_math.h"
 #include "kernels/optimizer_math.h"
 

@@ -1,0 +1,60 @@
+// RequestPlan: which shard serves each of a step's keys, kept as index
+// arrays, and the wire messages built from and decoded into flat per-table
+// buffers through them. The step pipeline, the node merger and
+// Client::LookupRows all route this way, so there is one copy of the rule.
+//
+// Keys are given per table (unique within a table; the plan does not
+// deduplicate). Rows and gradients are per table, `keys[tb].size() x
+// dim[tb]` floats in key order, host memory. Not thread-safe; a plan is
+// rebuilt (Route) for every step and reuses its memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ember/v1/embedding_service.pb.h"
+
+namespace ember {
+
+class Client;
+
+class RequestPlan {
+ public:
+  // Routes every key of every table to its shard. `tables` and `dims` name
+  // and size the tables (same length as `keys`); the plan keeps pointers to
+  // all three, which must outlive it or the next Route.
+  void Route(const Client& client, const std::vector<std::string>& tables,
+             const std::vector<uint32_t>& dims, const std::vector<std::vector<uint64_t>>& keys);
+
+  uint32_t shards() const { return static_cast<uint32_t>(members_.size()); }
+  // Whether shard `shard` serves any key of the plan.
+  bool HasKeys(uint32_t shard) const;
+  // The keys of the plan.
+  uint64_t keys() const { return total_keys_; }
+
+  // Adds one TableLookup per table with keys on `shard` (fp32 rows, writing
+  // lookups unless `read_only`); returns the key bytes written.
+  uint64_t FillLookup(uint32_t shard, bool read_only, v1::LookupRequest* request) const;
+  // Adds one TableGradients per table with keys on `shard`: its keys and
+  // their rows of `grads[tb]`. Returns the payload bytes written.
+  uint64_t FillPush(uint32_t shard, const std::vector<const float*>& grads,
+                    v1::PushRequest* request) const;
+  // Copies `response` (the answer to FillLookup's request for `shard`) into
+  // `rows[tb]`; INTERNAL naming the shard, table and field if its shape is
+  // not the one asked for. Adds the row bytes read to `*received`.
+  absl::Status ScatterRows(uint32_t shard, const v1::LookupResponse& response,
+                           const std::vector<float*>& rows, uint64_t* received) const;
+
+ private:
+  const Client* client_ = nullptr;
+  const std::vector<std::string>* tables_ = nullptr;
+  const std::vector<uint32_t>* dims_ = nullptr;
+  const std::vector<std::vector<uint64_t>>* keys_ = nullptr;
+  // members_[shard][table]: indices into keys[table] of the keys shard owns.
+  std::vector<std::vector<std::vector<uint32_t>>> members_;
+  uint64_t total_keys_ = 0;
+};
+
+}  // namespace ember
