@@ -26,6 +26,7 @@
 #include "common/abseil_mode.h"
 #include "common/process_cpu.h"
 #include "ember/client.h"
+#include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 #include "ember/trainer_metrics.h"
 
@@ -45,6 +46,9 @@ ABSL_FLAG(int, metrics_port, -1,
           "Serve the trainer's Prometheus metrics (ember_trainer_*) on GET /metrics at this "
           "port; 0: a free one (printed); -1: off.");
 ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
+ABSL_FLAG(bool, merge_pipelines, true,
+          "The pipelines share a StepMerger: one request per shard per node step for all of them "
+          "(false: each pipeline sends its own).");
 ABSL_FLAG(int, batches, 256,
           "Distinct batches per pipeline, drawn up front and cycled (unless --fresh_ids).");
 
@@ -69,6 +73,8 @@ struct RunResult {
   int64_t steps = 0;         // over all pipelines
   std::vector<double> wait_ms;  // one per step
   uint64_t keys = 0, unique_keys = 0, bytes = 0, rpcs = 0;
+  uint64_t merged_keys = 0;  // with a StepMerger: keys fetched after merging the pipelines'
+  int64_t merged_steps = 0;  // and the node steps that fetched
   double cpu_seconds = 0;        // of this trainer process, all threads, less drawing batches
   double shard_cpu_seconds = -1;  // of every shard process; -1: unknown
   absl::Status status;
@@ -155,12 +161,27 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     sources.push_back(Batches(workload, rings, p, static_cast<int>(worker_base / 100)));
   }
   std::mutex mu;
+  std::unique_ptr<StepMerger> merger;
+  if (absl::GetFlag(FLAGS_merge_pipelines)) {
+    StepMergerOptions mo;
+    mo.ranks = c.pipelines;
+    mo.worker_id = worker_base + 99;  // the node's SSP worker
+    mo.staleness = absl::GetFlag(FLAGS_staleness);
+    absl::StatusOr<std::unique_ptr<StepMerger>> m = StepMerger::Create(client, mo);
+    if (!m.ok()) {
+      r.status = m.status();
+      return r;
+    }
+    merger = std::move(*m);
+  }
   std::vector<std::unique_ptr<StepPipeline>> pipes;
   for (int p = 0; p < c.pipelines; ++p) {
     PipelineOptions o;
     o.worker_id = worker_base + p;
     o.features = specs;
     o.staleness = absl::GetFlag(FLAGS_staleness);
+    o.merger = merger.get();
+    o.merger_rank = p;
     o.trace = Timeline();
     o.metrics = Metrics();
     absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(client, o);
@@ -224,6 +245,11 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   r.seconds = seconds_sum / c.pipelines;
   r.rpcs = client->Stats().rpcs - rpcs_before;
   r.cpu_seconds = ProcessCpuSeconds() - cpu_before;
+  if (merger) {
+    const StepMergerStats ms = merger->Stats();
+    r.merged_keys = ms.merged_keys;
+    r.merged_steps = ms.fetch_rounds;
+  }
   for (const auto& source : sources) r.cpu_seconds -= source->DrawCpuSeconds();
   const double shard_cpu_after = ShardCpuSeconds(client);
   if (shard_cpu_before >= 0 && shard_cpu_after >= 0) {
@@ -274,9 +300,11 @@ int Run() {
   }
   const bool busy = absl::GetFlag(FLAGS_compute_mode) == "busy";
   const std::vector<double> computes = ParseList(absl::GetFlag(FLAGS_compute_ms));
-  std::printf("ember-trainer: %zu shards, pipelines %s, %s, dim %u, staleness %d, compute %s, "
+  std::printf("ember-trainer: %zu shards, pipelines %s%s, %s, dim %u, staleness %d, compute %s, "
               "%.0f s per run, %u cores\n",
               options.shards.size(), absl::GetFlag(FLAGS_pipelines).c_str(),
+              absl::GetFlag(FLAGS_merge_pipelines) ? " (merged: one request per shard per step)"
+                                                   : " (each sends its own requests)",
               workload.Describe().c_str(), dim, absl::GetFlag(FLAGS_staleness),
               busy ? "busy-wait" : "sleep", absl::GetFlag(FLAGS_seconds),
               std::thread::hardware_concurrency());
@@ -324,6 +352,13 @@ int Run() {
         std::printf("[%d/%d] %d pipelines, compute %g ms, prefetch %s: %.0f steps/s, %.3f ms/step\n",
                     ++done, total, pipelines, ms, prefetch ? "on" : "off", r.StepsPerSecond(),
                     r.StepMs(pipelines));
+        if (r.merged_steps > 0 && r.steps > 0) {
+          const double separate = double(r.unique_keys) / r.steps * pipelines;
+          const double merged = double(r.merged_keys) / r.merged_steps;
+          std::printf("      merged: %.0f unique keys per node step, where the %d pipelines alone "
+                      "would fetch %.0f (%.2fx)\n",
+                      merged, pipelines, separate, merged > 0 ? separate / merged : 0);
+        }
         std::fflush(stdout);
         rows.push_back({pipelines, ms, prefetch ? "prefetch on" : "prefetch off", std::move(r), base_ms});
       }

@@ -13,6 +13,7 @@
 #include "client/device_step.h"
 #include "client/pooling.h"
 #include "client/request_plan.h"
+#include "ember/step_merger.h"
 #include "common/status_macros.h"
 
 namespace ember {
@@ -87,6 +88,22 @@ class StepPipeline::Impl {
     if (options_.node_transport != nullptr) {
       node_ = std::make_unique<NodeExchange>(options_.node_transport, table_dim_);
     }
+    // With a merger, every rank's network thread must offer the same
+    // exchanges in the same order: NextExchange pairs by call order only.
+    if (StepMerger* m = options_.merger) {
+      if (node_) {
+        return absl::InvalidArgumentError(
+            "merger: a pipeline uses either a StepMerger or a node_transport, not both");
+      }
+      if (m->options().staleness != options_.staleness ||
+          m->options().first_step != options_.first_step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "merger: expected the merger's staleness ", m->options().staleness, " and first_step ",
+            m->options().first_step, ", received staleness ", options_.staleness,
+            " and first_step ", options_.first_step));
+      }
+      EMBER_RETURN_IF_ERROR(m->Join(options_.merger_rank, tables_, table_dim_));
+    }
     if (options_.device >= 0) {
       DeviceStepShape shape;
       shape.table_dim = table_dim_;
@@ -109,7 +126,7 @@ class StepPipeline::Impl {
     }
     next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
     pushed_upto_ = options_.first_step - 1;
-    if (options_.staleness >= 0) {
+    if (options_.staleness >= 0 && options_.merger == nullptr) {
       EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
       registered_ = true;
     }
@@ -369,7 +386,9 @@ class StepPipeline::Impl {
   //    push of step t - s - 1: the shard would wait for it;
   //  - a push goes with the fetch queued right after it (pushes always belong
   //    to earlier steps than queued fetches, so applying it first is right),
-  //    or alone after kPushHold, or at once when flushing or stopping.
+  //    or alone after kPushHold, or at once when flushing or stopping;
+  //  - with a node exchange, one job at a time in call order; with a merger,
+  //    pairs chosen by call order alone (a push waits for the next call).
   // Returns false when the pipeline stops.
   bool NextExchange(std::shared_ptr<Step>* push, std::shared_ptr<Step>* fetch) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -404,8 +423,14 @@ class StepPipeline::Impl {
           jobs_.erase(jobs_.begin(), jobs_.begin() + 2);
           return true;
         }
+        if (options_.merger != nullptr && next == nullptr && flushers_ == 0) {
+          // Merged: the pairing may depend on call order only, never on
+          // timing, so the push waits for the next call (or a Flush).
+          cv_.wait(lock);
+          continue;
+        }
         const absl::Time until = front.queued + kPushHold;
-        if (flushers_ == 0 && absl::Now() < until) {
+        if (options_.merger == nullptr && flushers_ == 0 && absl::Now() < until) {
           cv_.wait_until(lock, absl::ToChronoTime(until));
           continue;
         }
@@ -434,7 +459,10 @@ class StepPipeline::Impl {
         }
       }
       *fetch = front.step;
-      if (!node_ && first_push != jobs_.end()) {
+      // A fetch takes a push queued behind it along, unless the pairing must
+      // follow call order alone (node exchange, merger): a push queued a
+      // moment later would pair on one rank and not on another.
+      if (!node_ && options_.merger == nullptr && first_push != jobs_.end()) {
         *push = first_push->step;
         jobs_.erase(first_push);
       }
@@ -477,10 +505,9 @@ class StepPipeline::Impl {
     return node_ ? s.owned : s.unique;
   }
 
-  // Dedup per table (and with a node exchange, route the keys to their owner
-  // ranks) and route to shards: fills s.unique, s.inverse, s.owned and
-  // s.plan. Returns the fetched key count.
-  absl::StatusOr<uint64_t> BuildLookup(Step& s) {
+  // Deduplicates each table's keys over the features that use it: fills
+  // s.unique and s.inverse.
+  void Dedup(Step& s) {
     const size_t tables = tables_.size();
     s.unique.assign(tables, {});
     s.inverse.assign(feature_table_.size(), {});
@@ -493,6 +520,13 @@ class StepPipeline::Impl {
       }
       s.unique[tb] = dedup_.unique();
     }
+  }
+
+  // Dedup, then (with a node exchange) the keys this rank owns, and the
+  // route to shards: fills s.unique, s.inverse, s.owned and s.plan. Returns
+  // the fetched key count.
+  absl::StatusOr<uint64_t> BuildLookup(Step& s) {
+    Dedup(s);
     if (node_) {
       EMBER_ASSIGN_OR_RETURN(s.owned, node_->RouteKeys(s.unique));
     }
@@ -500,11 +534,10 @@ class StepPipeline::Impl {
     return s.plan.keys();
   }
 
-  // Scatters the shards' rows to unique rows and pools them per feature.
-  absl::Status FinishLookup(Step& s, const std::vector<v1::ExchangeResponse>& responses) {
+  // Where step s's unique rows go, per table: the step's pinned upload on a
+  // device pipeline, scratch on a host one.
+  absl::StatusOr<std::vector<float*>> RowBuffers(Step& s) {
     const size_t tables = tables_.size();
-    // Host pipelines gather the rows in scratch; device pipelines straight
-    // into the step's pinned upload.
     std::vector<float*> rows(tables);
     if (device_) {
       EMBER_ASSIGN_OR_RETURN(s.dev, AcquireDeviceStep());
@@ -519,6 +552,30 @@ class StepPipeline::Impl {
         rows[tb] = rows_scratch_[tb].data();
       }
     }
+    return rows;
+  }
+
+  // The unique rows are in `rows` (RowBuffers): upload them (device) or
+  // pool them per feature (host).
+  absl::Status Deliver(Step& s, const std::vector<float*>& rows) {
+    if (device_) return s.dev->Upload();
+    const absl::Time pool_start = absl::Now();
+    s.pooled.resize(feature_table_.size());
+    for (size_t f = 0; f < feature_table_.size(); ++f) {
+      const FeatureBatch& fb = s.batch.features[f];
+      const int tb = feature_table_[f];
+      s.pooled[f].resize((fb.offsets.size() - 1) * table_dim_[tb]);
+      PoolForward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
+                  rows[tb], table_dim_[tb], s.pooled[f].data());
+    }
+    TraceStep(/*network=*/true, "Pool", pool_start, s.step);
+    return absl::OkStatus();
+  }
+
+  // Scatters the shards' rows to unique rows and pools them per feature.
+  absl::Status FinishLookup(Step& s, const std::vector<v1::ExchangeResponse>& responses) {
+    const size_t tables = tables_.size();
+    EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, RowBuffers(s));
     // With a node exchange the shards answer for the owned keys, which go
     // to scratch first, and the ranks then trade rows.
     std::vector<float*> into = rows;
@@ -545,44 +602,43 @@ class StepPipeline::Impl {
       CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     }
     CountBytes(s, 0, received, 0);
-    if (device_) return s.dev->Upload();
-    const absl::Time pool_start = absl::Now();
-    s.pooled.resize(feature_table_.size());
+    return Deliver(s, rows);
+  }
+
+  // Step s's gradient per unique key, per table: pooling's backward on the
+  // host, or (device pipelines) the copy PushFromDevice started.
+  absl::StatusOr<std::vector<const float*>> Gradients(Step& s) {
+    const size_t tables = tables_.size();
+    if (device_) return s.dev->Gradients();
+    std::vector<const float*> grads(tables);
+    grads_scratch_.resize(tables);  // network thread only
+    for (size_t tb = 0; tb < tables; ++tb) {
+      grads_scratch_[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
+      grads[tb] = grads_scratch_[tb].data();
+    }
     for (size_t f = 0; f < feature_table_.size(); ++f) {
       const FeatureBatch& fb = s.batch.features[f];
       const int tb = feature_table_[f];
-      s.pooled[f].resize((fb.offsets.size() - 1) * table_dim_[tb]);
-      PoolForward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
-                  rows[tb], table_dim_[tb], s.pooled[f].data());
+      PoolBackward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
+                   s.d_pooled[f].data(), table_dim_[tb], grads_scratch_[tb].data());
     }
-    TraceStep(/*network=*/true, "Pool", pool_start, s.step);
-    return absl::OkStatus();
+    return grads;
   }
 
-  // Backward of pooling into per-unique-key gradients: one PushRequest per
-  // shard (every shard, so that its clock advances), routed by the step's
-  // plan. Returns the payload bytes. A device pipeline's
-  // gradients were computed on the GPU (PushFromDevice); this waits for
-  // their copy and then hands the step's device buffers back for reuse.
+  // A pushed step's device buffers go back for reuse.
+  void ReleaseDevice(Step& s) {
+    if (!s.dev) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_device_steps_.push_back(std::move(s.dev));
+  }
+
+  // One PushRequest per shard (every shard, so that its clock advances) of
+  // the step's gradients, routed by its plan (with a node exchange: the
+  // node's sums for the keys this rank owns). Returns the payload bytes.
   absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
-    std::vector<const float*> grads(tables);
-    if (device_) {
-      EMBER_ASSIGN_OR_RETURN(grads, s.dev->Gradients());
-    } else {
-      grads_scratch_.resize(tables);  // network thread only
-      for (size_t tb = 0; tb < tables; ++tb) {
-        grads_scratch_[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
-        grads[tb] = grads_scratch_[tb].data();
-      }
-      for (size_t f = 0; f < feature_table_.size(); ++f) {
-        const FeatureBatch& fb = s.batch.features[f];
-        const int tb = feature_table_[f];
-        PoolBackward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
-                     s.d_pooled[f].data(), table_dim_[tb], grads_scratch_[tb].data());
-      }
-    }
+    EMBER_ASSIGN_OR_RETURN(std::vector<const float*> grads, Gradients(s));
     std::vector<std::vector<float>> owned_grads;
     if (node_) {
       // Trade gradients: this rank pushes the node's sums for its own keys.
@@ -603,16 +659,14 @@ class StepPipeline::Impl {
       r.set_step(s.step);
       sent += s.plan.FillPush(sh, grads, &r);
     }
-    if (s.dev) {
-      std::lock_guard<std::mutex> lock(mu_);
-      free_device_steps_.push_back(std::move(s.dev));
-    }
+    ReleaseDevice(s);
     return sent;
   }
 
   // One Exchange per shard carrying `push` (gradients of an earlier step)
   // and/or `fetch` (the rows of a later one).
   absl::Status SendExchange(Step* push, Step* fetch) {
+    if (options_.merger != nullptr) return SendMerged(push, fetch);
     const uint32_t shards = client_->shard_count();
     std::vector<v1::ExchangeRequest> requests(shards);
     if (push) {
@@ -656,6 +710,37 @@ class StepPipeline::Impl {
       }
     }
     if (fetch && status.ok()) status = FinishLookup(*fetch, responses);
+    return status;
+  }
+
+  // SendExchange through the node's StepMerger: this rank's part of one
+  // merged Exchange per shard.
+  absl::Status SendMerged(Step* push, Step* fetch) {
+    StepMerger::Part part;
+    if (push) {
+      part.push_step = push->step;
+      EMBER_ASSIGN_OR_RETURN(part.grads, Gradients(*push));
+    }
+    if (fetch) {
+      Dedup(*fetch);
+      part.fetch_step = fetch->step;
+      part.keys = &fetch->unique;
+      EMBER_ASSIGN_OR_RETURN(part.rows, RowBuffers(*fetch));
+    }
+    const absl::Time start = absl::Now();
+    absl::Status status = options_.merger->Exchange(options_.merger_rank, &part);
+    TraceStep(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
+    if (push) {
+      CountBytes(*push, part.bytes_sent, 0, 0);
+      ReleaseDevice(*push);
+    }
+    if (fetch) {
+      uint64_t unique_keys = 0;
+      for (const auto& u : fetch->unique) unique_keys += u.size();
+      CountFetch(*fetch, unique_keys, push);
+      CountBytes(*fetch, 0, part.bytes_received, 0);
+      if (status.ok()) status = Deliver(*fetch, part.rows);
+    }
     return status;
   }
 

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ember/client.h"
+#include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 #include "ember/trainer_metrics.h"
 #include "common/status_macros.h"
@@ -618,73 +619,77 @@ absl::Status TrainRecording(StepPipeline& pipe, int64_t steps,
   return pipe.Close();
 }
 
-TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
-  StartShards(2);
-  ASSERT_OK(client_->CreateTable(SmallTable("sa", 1)));  // the single GPU's twins of a, b
-  ASSERT_OK(client_->CreateTable(SmallTable("sb", 2)));
-  constexpr uint32_t kRanks = 3;
-  constexpr int64_t kSteps = 25;
-  // Rank r's batch of step t; the ranks share many keys (ids from 40 per feature).
-  auto rank_batch = [](uint32_t r, int64_t t) { return MakeBatch(t * kRanks + r, 0); };
+// What a node of kNodeRanks pipelines did, and what one GPU training on the
+// node's whole batch did, over kNodeSteps steps.
+constexpr uint32_t kNodeRanks = 3;
+constexpr int64_t kNodeSteps = 25;
+struct NodeRun {
+  std::vector<std::vector<std::vector<float>>> single_pooled;  // [step][feature]
+  PipelineStats single_stats;
+  std::vector<std::vector<std::vector<std::vector<float>>>> pooled;  // [rank][step][feature]
+  std::vector<PipelineStats> stats;                                   // [rank]
+  uint64_t node_rpcs = 0;  // the node's RPC attempts
+};
 
-  // One GPU training on the node's whole batch, synchronously.
-  std::vector<FeatureSpec> single_features = kFeatures;
-  for (FeatureSpec& f : single_features) f.table = "s" + f.table;
-  auto single = NewPipeline(/*worker=*/10, /*staleness=*/0, single_features);
+// Trains the single GPU (tables "sa", "sb") and then the node, whose rank r
+// pipeline gets `options_of(r)`; rank r's batch of step t is the r-th slice
+// of the single GPU's. The ranks share many keys (ids from 40 per feature).
+void TrainNodeBesideOneGpu(Client* client, const std::function<PipelineOptions(uint32_t)>& options_of,
+                           NodeRun* run) {
+  ASSERT_OK(client->CreateTable(SmallTable("sa", 1)));  // the single GPU's twins of a, b
+  ASSERT_OK(client->CreateTable(SmallTable("sb", 2)));
+  auto rank_batch = [](uint32_t r, int64_t t) { return MakeBatch(t * kNodeRanks + r, 0); };
+  PipelineOptions single_options;
+  single_options.worker_id = 10;
+  single_options.staleness = 0;
+  single_options.features = kFeatures;
+  for (FeatureSpec& f : single_options.features) f.table = "s" + f.table;
+  auto single = StepPipeline::Create(client, single_options);
   ASSERT_OK(single);
-  std::vector<std::vector<std::vector<float>>> single_pooled;
-  ASSERT_OK(TrainRecording(**single, kSteps,
+  ASSERT_OK(TrainRecording(**single, kNodeSteps,
                            [&](int64_t t) {
                              std::vector<Batch> parts;
-                             for (uint32_t r = 0; r < kRanks; ++r) parts.push_back(rank_batch(r, t));
+                             for (uint32_t r = 0; r < kNodeRanks; ++r) parts.push_back(rank_batch(r, t));
                              return Concat(parts);
                            },
-                           &single_pooled));
-  const PipelineStats single_stats = (*single)->Stats();
+                           &run->single_pooled));
+  run->single_stats = (*single)->Stats();
 
-  // The node: one pipeline per rank, each its own SSP worker, exchanging.
-  auto transports = NewInProcessTransports(kRanks);
   std::vector<std::unique_ptr<StepPipeline>> pipes;
-  for (uint32_t r = 0; r < kRanks; ++r) {
-    PipelineOptions o;
-    o.worker_id = r;
-    o.features = kFeatures;
-    o.staleness = 0;
-    o.node_transport = transports[r].get();
-    auto p = StepPipeline::Create(client_.get(), o);
+  for (uint32_t r = 0; r < kNodeRanks; ++r) {
+    auto p = StepPipeline::Create(client, options_of(r));
     ASSERT_OK(p);
     pipes.push_back(std::move(*p));
   }
-  std::vector<std::vector<std::vector<std::vector<float>>>> pooled(kRanks);
-  std::vector<absl::Status> results(kRanks);
+  const uint64_t rpcs_before = client->Stats().rpcs;
+  run->pooled.assign(kNodeRanks, {});
+  std::vector<absl::Status> results(kNodeRanks);
   std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < kRanks; ++r) {
+  for (uint32_t r = 0; r < kNodeRanks; ++r) {
     threads.emplace_back([&, r] {
-      results[r] = TrainRecording(*pipes[r], kSteps,
-                                  [&](int64_t t) { return rank_batch(r, t); }, &pooled[r]);
+      results[r] = TrainRecording(*pipes[r], kNodeSteps,
+                                  [&](int64_t t) { return rank_batch(r, t); }, &run->pooled[r]);
     });
   }
   for (auto& t : threads) t.join();
-  for (uint32_t r = 0; r < kRanks; ++r) ASSERT_OK(results[r]);
-
-  // Each unique key of the node was fetched by exactly one rank.
-  uint64_t fetched = 0, exchanged = 0;
-  for (const auto& p : pipes) {
-    fetched += p->Stats().unique_keys;
-    exchanged += p->Stats().exchange_bytes;
+  run->node_rpcs = client->Stats().rpcs - rpcs_before;
+  for (uint32_t r = 0; r < kNodeRanks; ++r) {
+    ASSERT_OK(results[r]);
+    run->stats.push_back(pipes[r]->Stats());
   }
-  EXPECT_EQ(fetched, single_stats.unique_keys);
-  EXPECT_GT(exchanged, 0u);
-  // Rank r's rows are the single GPU's rows of its examples: the same at the
-  // first step, and within float rounding after (the node sums a key's
-  // gradients rank by rank, the single GPU example by example).
-  for (int64_t t = 0; t < kSteps; ++t) {
-    for (uint32_t r = 0; r < kRanks; ++r) {
+}
+
+// Rank r's rows are the single GPU's rows of its examples: the same at the
+// first step, and within float rounding after (the node sums a key's
+// gradients rank by rank, the single GPU example by example).
+void ExpectNodeTrainsLikeOneGpu(const NodeRun& run) {
+  for (int64_t t = 0; t < kNodeSteps; ++t) {
+    for (uint32_t r = 0; r < kNodeRanks; ++r) {
       for (size_t f = 0; f < kFeatures.size(); ++f) {
-        const std::vector<float>& mine = pooled[r][t][f];
+        const std::vector<float>& mine = run.pooled[r][t][f];
         ASSERT_EQ(mine.size(), size_t{kBatch} * kDim);
         for (size_t k = 0; k < mine.size(); ++k) {
-          const float expected = single_pooled[t][f][r * kBatch * kDim + k];
+          const float expected = run.single_pooled[t][f][r * kBatch * kDim + k];
           if (t == 0) {
             ASSERT_EQ(mine[k], expected) << "rank " << r << " feature " << f << " element " << k;
           } else {
@@ -695,6 +700,124 @@ TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLi
       }
     }
   }
+}
+
+TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
+  StartShards(2);
+  // One pipeline per rank, each its own SSP worker, exchanging.
+  auto transports = NewInProcessTransports(kNodeRanks);
+  NodeRun run;
+  TrainNodeBesideOneGpu(client_.get(), [&](uint32_t r) {
+    PipelineOptions o;
+    o.worker_id = r;
+    o.features = kFeatures;
+    o.staleness = 0;
+    o.node_transport = transports[r].get();
+    return o;
+  }, &run);
+  if (HasFatalFailure()) return;
+  // Each unique key of the node was fetched by exactly one rank.
+  uint64_t fetched = 0, exchanged = 0;
+  for (const PipelineStats& st : run.stats) {
+    fetched += st.unique_keys;
+    exchanged += st.exchange_bytes;
+  }
+  EXPECT_EQ(fetched, run.single_stats.unique_keys);
+  EXPECT_GT(exchanged, 0u);
+  ExpectNodeTrainsLikeOneGpu(run);
+}
+
+// ---- The step merger (PipelineOptions::merger).
+
+TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndTrainsLikeOneGpu) {
+  StartShards(2);
+  StepMergerOptions mo;
+  mo.ranks = kNodeRanks;
+  mo.worker_id = 50;
+  mo.staleness = 0;
+  // Created after the single GPU has trained: a registered worker that
+  // never pushes would hold back that GPU's lookups.
+  absl::StatusOr<std::unique_ptr<StepMerger>> merger = absl::UnknownError("not yet created");
+  NodeRun run;
+  TrainNodeBesideOneGpu(client_.get(), [&](uint32_t r) {
+    if (r == 0) {
+      merger = StepMerger::Create(client_.get(), mo);
+      EXPECT_OK(merger);
+    }
+    PipelineOptions o;
+    o.worker_id = r;
+    o.features = kFeatures;
+    o.staleness = 0;
+    o.merger = merger.ok() ? merger->get() : nullptr;
+    o.merger_rank = static_cast<int>(r);
+    return o;
+  }, &run);
+  if (HasFatalFailure()) return;
+  ExpectNodeTrainsLikeOneGpu(run);
+  // The node fetched exactly the single GPU's keys: each key once per step.
+  const StepMergerStats st = (*merger)->Stats();
+  EXPECT_EQ(st.merged_keys, run.single_stats.unique_keys);
+  uint64_t rank_keys = 0;
+  for (const PipelineStats& p : run.stats) rank_keys += p.unique_keys;
+  EXPECT_EQ(st.rank_keys, rank_keys);
+  EXPECT_GT(st.rank_keys, st.merged_keys);  // the ranks share keys
+  // One exchange per node step: the first fetch alone, then each push with
+  // the next step's fetch, then the last push alone at Close; at most one
+  // RPC per shard each (no retries here).
+  EXPECT_EQ(st.fetch_rounds, kNodeSteps);
+  EXPECT_EQ(st.rounds, kNodeSteps + 1);
+  EXPECT_LE(run.node_rpcs, static_cast<uint64_t>(st.rounds) * 2);
+  // The node is one SSP worker: its clock reached the last step on every shard.
+  auto infos = client_->ShardInfos();
+  ASSERT_OK(infos);
+  for (const auto& info : *infos) {
+    bool found = false;
+    for (const auto& w : info.workers()) {
+      if (w.worker_id() == 50) {
+        found = true;
+        EXPECT_EQ(w.applied_step(), kNodeSteps - 1);
+      }
+      EXPECT_TRUE(w.worker_id() >= 10) << "rank pipelines must not register their own workers";
+    }
+    EXPECT_TRUE(found);
+  }
+}
+
+TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNamingTheMissingRank) {
+  StartShards(2);
+  StepMergerOptions mo;
+  mo.ranks = 2;
+  mo.staleness = -1;
+  mo.timeout = absl::Milliseconds(200);
+  auto merger = StepMerger::Create(client_.get(), mo);
+  ASSERT_OK(merger);
+  ASSERT_OK((*merger)->Join(0, {"a"}, {kDim}));
+  ASSERT_OK((*merger)->Join(1, {"a"}, {kDim}));
+  EXPECT_EQ((*merger)->Join(1, {"a"}, {kDim}).code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<std::vector<uint64_t>> keys = {{1, 2, 3}};
+  std::vector<float> rows0(3 * kDim), rows1(3 * kDim);
+  StepMerger::Part p0, p1;
+  p0.fetch_step = 1;
+  p0.keys = &keys;
+  p0.rows = {rows0.data()};
+  p1.fetch_step = 2;  // rank 1 is a step ahead
+  p1.keys = &keys;
+  p1.rows = {rows1.data()};
+  absl::Status s1;
+  std::thread t([&] { s1 = (*merger)->Exchange(1, &p1); });
+  const absl::Status s0 = (*merger)->Exchange(0, &p0);
+  t.join();
+  EXPECT_EQ(s0.code(), absl::StatusCode::kFailedPrecondition) << s0;
+  EXPECT_EQ(s0, s1);
+  EXPECT_NE(s0.message().find("rank 0 pushes nothing and fetches step 1, rank 1 pushes nothing and fetches step 2"),
+            std::string::npos) << s0;
+  EXPECT_EQ(*client_->StoredRows("a"), 0u) << "a refused round changes nothing";
+  // Rank 1 never comes: rank 0 gives up after the timeout, naming it.
+  p0.fetch_step = 2;
+  const absl::Status late = (*merger)->Exchange(0, &p0);
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_NE(late.message().find("for rank(s) 1"), std::string::npos) << late;
+  EXPECT_EQ((*merger)->Exchange(1, &p1), late) << "every later call fails the same way";
 }
 
 // ---- The device path (PipelineOptions::device). Its GPU cases skip here

@@ -54,6 +54,7 @@
 #include "ember/client.h"
 #include "ember/device.h"
 #include "ember/node_exchange.h"
+#include "ember/step_merger.h"
 #include "ember/trace.h"
 #include "ember/trainer_metrics.h"
 
@@ -87,6 +88,14 @@ struct PipelineOptions {
   // order; each is its own SSP worker. A failure on one rank stops the others
   // when their transport times out. Null: no exchange. Not owned.
   ExchangeTransport* node_transport = nullptr;
+  // Several pipelines of one process: the StepMerger they share, which sends
+  // one request per shard per step for all of them (ember/step_merger.h),
+  // and this pipeline's rank in it. The merger's worker id is then the SSP
+  // worker; `staleness` and `first_step` must equal the merger's. Not
+  // owned. Null: this pipeline sends its own requests. Not with
+  // node_transport.
+  StepMerger* merger = nullptr;
+  int merger_rank = 0;
   // Records this pipeline's timeline (Prefetch, Wait, Push, Exchange, Pool,
   // per-shard RPCs) for Perfetto / chrome://tracing, as process "worker N"
   // (pid worker_id + 1); see ember/trace.h. Not owned; may be shared by

@@ -1,0 +1,255 @@
+#include "ember/step_merger.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/dedup.h"
+#include "client/request_plan.h"
+#include "common/status_macros.h"
+
+namespace ember {
+
+// A fetched step, merged: per table the node's unique keys and, per rank,
+// where each of the rank's unique keys sits among them.
+struct StepMerger::MergedStep {
+  std::vector<std::vector<uint64_t>> keys;              // [table]
+  std::vector<std::vector<std::vector<uint32_t>>> map;  // [rank][table][rank's key]
+  RequestPlan plan;
+};
+
+StepMerger::StepMerger(Client* client, StepMergerOptions options)
+    : client_(client), options_(std::move(options)) {
+  parts_.assign(options_.ranks, nullptr);
+  joined_.assign(options_.ranks, false);
+}
+
+absl::StatusOr<std::unique_ptr<StepMerger>> StepMerger::Create(Client* client,
+                                                               StepMergerOptions options) {
+  if (options.ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepMerger ranks: expected >= 1, received ", options.ranks));
+  }
+  if (options.first_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepMerger first_step: expected >= 0, received ", options.first_step));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepMerger timeout: expected > 0, received ",
+                                                   absl::FormatDuration(options.timeout)));
+  }
+  std::unique_ptr<StepMerger> m(new StepMerger(client, std::move(options)));
+  if (m->options_.staleness >= 0) {
+    EMBER_RETURN_IF_ERROR(client->RegisterWorker(m->options_.worker_id, m->options_.first_step));
+    m->registered_ = true;
+  }
+  return m;
+}
+
+StepMerger::~StepMerger() {
+  if (registered_) (void)client_->UnregisterWorker(options_.worker_id);
+}
+
+StepMergerStats StepMerger::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::Status StepMerger::Join(int rank, const std::vector<std::string>& tables,
+                              const std::vector<uint32_t>& dims) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < 0 || rank >= options_.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("merger_rank: expected 0 .. ",
+                                                   options_.ranks - 1, ", received ", rank));
+  }
+  if (joined_[rank]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("merger_rank ", rank, ": another pipeline has that rank already"));
+  }
+  if (tables_.empty()) {
+    tables_ = tables;
+    dims_ = dims;
+  } else if (tables != tables_ || dims != dims_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "merger_rank ", rank, ": the ranks of a StepMerger must use the same tables in the same "
+        "order; expected ", tables_.size(), " tables starting with '", tables_[0],
+        "', received ", tables.size(), tables.empty() ? "" : absl::StrCat(" starting with '", tables[0], "'")));
+  }
+  joined_[rank] = true;
+  return absl::OkStatus();
+}
+
+absl::Status StepMerger::Exchange(int rank, Part* part) {
+  std::unique_lock<std::mutex> lock(mu_);
+  EMBER_RETURN_IF_ERROR(failed_);
+  parts_[rank] = part;
+  ++arrived_;
+  const uint64_t generation = generation_;
+  if (arrived_ < options_.ranks) {
+    const bool done = cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.timeout), [&] {
+      return generation_ != generation || !failed_.ok();
+    });
+    if (generation_ != generation) return round_status_;
+    if (!failed_.ok()) return failed_;
+    (void)done;
+    // Timed out: the round can never complete without this rank's part.
+    std::string missing;
+    for (int r = 0; r < options_.ranks; ++r) {
+      if (parts_[r] == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+    }
+    failed_ = absl::DeadlineExceededError(absl::StrCat(
+        "StepMerger: rank ", rank, " waited ", absl::FormatDuration(options_.timeout),
+        " for rank(s) ", missing, " to reach the same exchange (the ranks must make the same "
+        "calls in the same order)"));
+    parts_.assign(options_.ranks, nullptr);
+    arrived_ = 0;
+    cv_.notify_all();
+    return failed_;
+  }
+  // The last rank to arrive runs the round.
+  std::vector<Part*> parts = parts_;
+  lock.unlock();
+  absl::Status status = RunRound(parts);
+  lock.lock();
+  round_status_ = status;
+  parts_.assign(options_.ranks, nullptr);
+  arrived_ = 0;
+  ++generation_;
+  cv_.notify_all();
+  return status;
+}
+
+absl::Status StepMerger::CheckInStep(const std::vector<Part*>& parts) const {
+  auto describe = [](const Part& p) {
+    return absl::StrCat(p.push_step ? absl::StrCat("pushes step ", *p.push_step) : "pushes nothing",
+                        " and ",
+                        p.fetch_step ? absl::StrCat("fetches step ", *p.fetch_step)
+                                     : "fetches nothing");
+  };
+  for (size_t r = 1; r < parts.size(); ++r) {
+    if (parts[r]->push_step != parts[0]->push_step || parts[r]->fetch_step != parts[0]->fetch_step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "StepMerger: ranks out of step: rank 0 ", describe(*parts[0]), ", rank ", r, " ",
+          describe(*parts[r]), " (the ranks must make the same calls in the same order)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
+  EMBER_RETURN_IF_ERROR(CheckInStep(parts));
+  const Part& first = *parts[0];
+  const size_t tables = tables_.size();
+  const uint32_t shards = client_->shard_count();
+  const int ranks = options_.ranks;
+  std::vector<v1::ExchangeRequest> requests(shards);
+  uint64_t sent = 0;
+
+  if (first.push_step) {
+    auto it = steps_.find(*first.push_step);
+    if (it == steps_.end()) {
+      return absl::InternalError(
+          absl::StrCat("StepMerger: push of step ", *first.push_step, " that was never fetched"));
+    }
+    MergedStep& m = *it->second;
+    // Sum each key's gradients over the ranks, in rank order.
+    std::vector<std::vector<float>> sums(tables);
+    std::vector<const float*> grads(tables);
+    for (size_t tb = 0; tb < tables; ++tb) {
+      const size_t dim = dims_[tb];
+      sums[tb].assign(m.keys[tb].size() * dim, 0.0f);
+      for (int r = 0; r < ranks; ++r) {
+        const std::vector<uint32_t>& map = m.map[r][tb];
+        const float* g = parts[r]->grads[tb];
+        for (size_t u = 0; u < map.size(); ++u) {
+          float* dst = &sums[tb][map[u] * dim];
+          for (size_t j = 0; j < dim; ++j) dst[j] += g[u * dim + j];
+        }
+      }
+      grads[tb] = sums[tb].data();
+    }
+    for (uint32_t sh = 0; sh < shards; ++sh) {
+      v1::PushRequest* p = requests[sh].mutable_push();
+      p->set_worker_id(options_.worker_id);
+      p->set_step(*first.push_step);
+      sent += m.plan.FillPush(sh, grads, p);
+    }
+  }
+
+  MergedStep* fetch = nullptr;
+  if (first.fetch_step) {
+    auto merged = std::make_unique<MergedStep>();
+    merged->keys.resize(tables);
+    merged->map.assign(ranks, std::vector<std::vector<uint32_t>>(tables));
+    KeyDeduplicator dedup;
+    uint64_t rank_keys = 0;
+    for (size_t tb = 0; tb < tables; ++tb) {
+      dedup.Clear();
+      for (int r = 0; r < ranks; ++r) {
+        const std::vector<uint64_t>& keys = (*parts[r]->keys)[tb];
+        rank_keys += keys.size();
+        dedup.Add(keys, &merged->map[r][tb]);
+      }
+      merged->keys[tb] = dedup.unique();
+    }
+    merged->plan.Route(*client_, tables_, dims_, merged->keys);
+    for (uint32_t sh = 0; sh < shards; ++sh) {
+      if (!merged->plan.HasKeys(sh)) continue;
+      v1::LookupRequest* l = requests[sh].mutable_lookup();
+      sent += merged->plan.FillLookup(sh, /*read_only=*/false, l);
+      if (options_.staleness >= 0) {
+        l->set_step(*first.fetch_step);
+        l->set_staleness(static_cast<uint32_t>(options_.staleness));
+        l->set_worker_id(options_.worker_id);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.fetch_rounds;
+      stats_.rank_keys += rank_keys;
+      stats_.merged_keys += merged->plan.keys();
+    }
+    fetch = merged.get();
+    steps_[*first.fetch_step] = std::move(merged);
+  }
+  if (first.push_step) steps_.erase(*first.push_step);
+  if (!first.push_step && !first.fetch_step) return absl::OkStatus();
+
+  std::vector<v1::ExchangeResponse> responses;
+  EMBER_RETURN_IF_ERROR(client_->Exchange(requests, &responses));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.rounds;
+  }
+  uint64_t received = 0;
+  if (fetch != nullptr) {
+    std::vector<std::vector<float>> rows(tables);
+    std::vector<float*> into(tables);
+    for (size_t tb = 0; tb < tables; ++tb) {
+      rows[tb].resize(fetch->keys[tb].size() * dims_[tb]);
+      into[tb] = rows[tb].data();
+    }
+    for (uint32_t sh = 0; sh < shards; ++sh) {
+      if (!fetch->plan.HasKeys(sh)) continue;
+      EMBER_RETURN_IF_ERROR(fetch->plan.ScatterRows(sh, responses[sh].lookup(), into, &received));
+    }
+    // Each rank's rows, in its own key order.
+    for (int r = 0; r < ranks; ++r) {
+      for (size_t tb = 0; tb < tables; ++tb) {
+        const size_t dim = dims_[tb];
+        const std::vector<uint32_t>& map = fetch->map[r][tb];
+        float* dst = parts[r]->rows[tb];
+        const float* src = rows[tb].data();
+        for (size_t u = 0; u < map.size(); ++u) {
+          memcpy(dst + u * dim, src + static_cast<size_t>(map[u]) * dim, dim * sizeof(float));
+        }
+      }
+    }
+  }
+  for (Part* p : parts) {
+    p->bytes_sent = sent / ranks;
+    p->bytes_received = received / ranks;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember
