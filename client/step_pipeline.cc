@@ -3,7 +3,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <algorithm>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -13,6 +12,7 @@
 #include "client/device_step.h"
 #include "client/pooling.h"
 #include "client/request_plan.h"
+#include "client/step_scheduler.h"
 #include "ember/step_merger.h"
 #include "common/status_macros.h"
 
@@ -124,8 +124,15 @@ class StepPipeline::Impl {
       metrics_->staleness_bound->Set(options_.staleness < 0 ? -1 : options_.staleness);
       metrics_->failed->Set(0);
     }
-    next_prefetch_ = next_wait_ = next_push_ = options_.first_step;
-    pushed_upto_ = options_.first_step - 1;
+    StepScheduler::Options so;
+    so.first_step = options_.first_step;
+    so.depth = depth_;
+    so.staleness = options_.staleness;
+    so.pairing = node_ ? StepScheduler::Pairing::kOneAtATime
+                 : options_.merger != nullptr ? StepScheduler::Pairing::kCallOrder
+                                              : StepScheduler::Pairing::kHold;
+    so.push_hold = kPushHold;
+    scheduler_.emplace(so);
     if (options_.staleness >= 0 && options_.merger == nullptr) {
       EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
       registered_ = true;
@@ -145,19 +152,10 @@ class StepPipeline::Impl {
     {
       std::lock_guard<std::mutex> lock(mu_);
       EMBER_RETURN_IF_ERROR(error_);
-      if (step != next_prefetch_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Prefetch: expected step ", next_prefetch_, ", received ", step));
-      }
-      if (next_prefetch_ - next_push_ > depth_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Prefetch of step ", step, ": prefetch depth is ", depth_, " and step ", next_push_,
-            " is not pushed yet"));
-      }
-      ++next_prefetch_;
-      steps_.push_back(s);
+      EMBER_RETURN_IF_ERROR(scheduler_->CheckPrefetch(step));
+      scheduler_->OnPrefetch(absl::Now());
+      live_[step] = s;
       stats_.keys += s->keys;
-      jobs_.push_back({Job::kFetch, s, absl::Now()});
     }
     if (metrics_ != nullptr) metrics_->keys->Add(static_cast<double>(s->keys));
     cv_.notify_all();
@@ -226,7 +224,7 @@ class StepPipeline::Impl {
     std::unique_lock<std::mutex> lock(mu_);
     ++flushers_;  // held pushes go out now
     cv_.notify_all();
-    cv_.wait(lock, [&] { return pushes_in_flight_ == 0; });
+    cv_.wait(lock, [&] { return scheduler_->pushes_in_flight() == 0; });
     --flushers_;
     return error_;
   }
@@ -264,12 +262,6 @@ class StepPipeline::Impl {
   }
 
  private:
-  struct Job {
-    enum Kind { kFetch, kPush } kind;
-    std::shared_ptr<Step> step;
-    absl::Time queued;
-  };
-
   // A track of this pipeline's timeline process.
   TraceTrack Track(uint32_t thread) const { return {options_.worker_id + 1, thread}; }
 
@@ -296,17 +288,8 @@ class StepPipeline::Impl {
   // Wait's rules and the wait itself; the step, fetched and pooled.
   absl::StatusOr<std::shared_ptr<Step>> AwaitStep(int64_t step) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (step != next_wait_ || step >= next_prefetch_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Wait: expected step ", next_wait_,
-          next_wait_ >= next_prefetch_ ? " (prefetch it first)" : "", ", received ", step));
-    }
-    if (options_.staleness >= 0 && step - options_.staleness - 1 >= next_push_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Wait for step ", step, " with staleness ", options_.staleness,
-          " needs this worker's push of step ", step - options_.staleness - 1, " first"));
-    }
-    std::shared_ptr<Step> s = steps_[step - steps_.front()->step];
+    EMBER_RETURN_IF_ERROR(scheduler_->CheckWait(step));
+    std::shared_ptr<Step> s = live_.at(step);
     const absl::Time start = absl::Now();
     cv_.wait(lock, [&] { return s->ready || !error_.ok(); });
     TraceStep(/*network=*/false, "Wait", start, step);
@@ -314,7 +297,7 @@ class StepPipeline::Impl {
     stats_.wait_seconds += waited;
     stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
     ++stats_.steps_waited;
-    ++next_wait_;
+    scheduler_->OnWait();
     EMBER_RETURN_IF_ERROR(error_);
     if (metrics_ != nullptr) {
       // The fetch took `fetch`; the trainer saw `waited` of it.
@@ -331,27 +314,20 @@ class StepPipeline::Impl {
   absl::StatusOr<std::shared_ptr<Step>> StepToPush(int64_t step, size_t features) {
     std::lock_guard<std::mutex> lock(mu_);
     EMBER_RETURN_IF_ERROR(error_);
-    if (step != next_push_ || step >= next_wait_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Push: expected step ", next_push_, next_push_ >= next_wait_ ? " (wait for it first)" : "",
-          ", received ", step));
-    }
+    EMBER_RETURN_IF_ERROR(scheduler_->CheckPush(step));
     if (features != feature_table_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("Push: expected gradients for ",
                                                      feature_table_.size(), " features, received ",
                                                      features));
     }
-    return steps_.front();
+    return live_.at(step);
   }
 
   void QueuePush(std::shared_ptr<Step> s, absl::Time start) {
     TraceStep(/*network=*/false, "Push", start, s->step);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      steps_.pop_front();
-      ++next_push_;
-      ++pushes_in_flight_;
-      jobs_.push_back({Job::kPush, std::move(s), absl::Now()});
+      scheduler_->OnPush(absl::Now());
     }
     cv_.notify_all();
   }
@@ -380,101 +356,36 @@ class StepPipeline::Impl {
     return n;
   }
 
-  // The network thread: one Exchange per shard at a time, each carrying the
-  // oldest push and/or the oldest fetch. Rules, under mu_:
-  //  - a fetch for step t (staleness s >= 0) is not sent before this worker's
-  //    push of step t - s - 1: the shard would wait for it;
-  //  - a push goes with the fetch queued right after it (pushes always belong
-  //    to earlier steps than queued fetches, so applying it first is right),
-  //    or alone after kPushHold, or at once when flushing or stopping;
-  //  - with a node exchange, one job at a time in call order; with a merger,
-  //    pairs chosen by call order alone (a push waits for the next call).
-  // Returns false when the pipeline stops.
-  bool NextExchange(std::shared_ptr<Step>* push, std::shared_ptr<Step>* fetch) {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      if (stopping_) {
-        for (Job& j : jobs_) {
-          if (j.kind == Job::kFetch) {
-            j.step->ready = true;  // never waited: Close came first
-          } else {
-            *push = j.step;  // Close flushed, so this does not happen
-          }
-        }
-        jobs_.clear();
-        cv_.notify_all();
-        return *push != nullptr;
-      }
-      if (jobs_.empty()) {
-        cv_.wait(lock);
-        continue;
-      }
-      const Job front = jobs_.front();
-      const Job* next = jobs_.size() > 1 ? &jobs_[1] : nullptr;
-      if (front.kind == Job::kPush) {
-        if (node_) {  // node mode: one job at a time, in call order
-          *push = front.step;
-          jobs_.pop_front();
-          return true;
-        }
-        if (next != nullptr && next->kind == Job::kFetch) {
-          *push = front.step;
-          *fetch = next->step;
-          jobs_.erase(jobs_.begin(), jobs_.begin() + 2);
-          return true;
-        }
-        if (options_.merger != nullptr && next == nullptr && flushers_ == 0) {
-          // Merged: the pairing may depend on call order only, never on
-          // timing, so the push waits for the next call (or a Flush).
-          cv_.wait(lock);
-          continue;
-        }
-        const absl::Time until = front.queued + kPushHold;
-        if (options_.merger == nullptr && flushers_ == 0 && absl::Now() < until) {
-          cv_.wait_until(lock, absl::ToChronoTime(until));
-          continue;
-        }
-        *push = front.step;
-        jobs_.pop_front();
-        return true;
-      }
-      // The front is a fetch. Queued pushes all belong to earlier steps
-      // (Push(x) needs Wait(x), so every fetch up to x is done).
-      auto first_push = std::find_if(jobs_.begin() + 1, jobs_.end(),
-                                     [](const Job& j) { return j.kind == Job::kPush; });
-      if (options_.staleness >= 0) {
-        const int64_t needed = front.step->step - options_.staleness - 1;
-        if (needed > pushed_upto_) {
-          if (first_push == jobs_.end()) {
-            cv_.wait(lock);  // the trainer has not pushed that step yet
-            continue;
-          }
-          *push = first_push->step;
-          jobs_.erase(first_push);
-          if (!node_ && (*push)->step >= needed) {
-            *fetch = front.step;
-            jobs_.pop_front();
-          }
-          return true;
-        }
-      }
-      *fetch = front.step;
-      // A fetch takes a push queued behind it along, unless the pairing must
-      // follow call order alone (node exchange, merger): a push queued a
-      // moment later would pair on one rank and not on another.
-      if (!node_ && options_.merger == nullptr && first_push != jobs_.end()) {
-        *push = first_push->step;
-        jobs_.erase(first_push);
-      }
-      jobs_.pop_front();
-      return true;
-    }
-  }
-
+  // The network thread: one exchange at a time, as the scheduler pairs them
+  // (StepScheduler::Pairing).
   void NetLoop() {
     for (;;) {
       std::shared_ptr<Step> push, fetch;
-      if (!NextExchange(&push, &fetch)) return;
+      StepScheduler::Exchange exchange;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+          StepScheduler::Decision d = scheduler_->Next(absl::Now(), flushers_ > 0, stopping_);
+          using Kind = StepScheduler::Decision::Kind;
+          if (d.kind == Kind::kWait) {
+            cv_.wait(lock);
+            continue;
+          }
+          if (d.kind == Kind::kWaitUntil) {
+            cv_.wait_until(lock, absl::ToChronoTime(d.until));
+            continue;
+          }
+          if (d.kind == Kind::kStop) {
+            for (int64_t step : d.dropped) live_.at(step)->ready = true;  // never waited
+            cv_.notify_all();
+            if (!d.exchange.push) return;
+          }
+          exchange = d.exchange;
+          break;
+        }
+        if (exchange.push) push = live_.at(*exchange.push);
+        if (exchange.fetch) fetch = live_.at(*exchange.fetch);
+      }
       absl::Status status = SendExchange(push.get(), fetch.get());
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -487,10 +398,10 @@ class StepPipeline::Impl {
           fetch->ready_at = absl::Now();
         }
         if (push) {
-          --pushes_in_flight_;
           ++stats_.steps_pushed;
-          if (status.ok()) pushed_upto_ = push->step;
+          live_.erase(push->step);
         }
+        scheduler_->OnSent(exchange, status.ok());
       }
       if (push && status.ok() && metrics_ != nullptr) {
         metrics_->pushes->Add();
@@ -767,7 +678,7 @@ class StepPipeline::Impl {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.unique_keys += unique_keys;
-      applied = push != nullptr ? push->step : pushed_upto_;
+      applied = push != nullptr ? push->step : scheduler_->pushed_upto();
     }
     if (metrics_ == nullptr) return;
     metrics_->unique_keys->Add(static_cast<double>(unique_keys));
@@ -797,11 +708,9 @@ class StepPipeline::Impl {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Step>> steps_;  // prefetched, not pushed, in step order
-  std::deque<Job> jobs_;                     // for the network thread, in call order
-  int64_t next_prefetch_ = 0, next_wait_ = 0, next_push_ = 0;
-  int64_t pushed_upto_ = -1;  // this worker's pushes are applied up to this step
-  int pushes_in_flight_ = 0;
+  std::optional<StepScheduler> scheduler_;
+  // Steps from Prefetch until their push is sent (or dropped at Close).
+  absl::flat_hash_map<int64_t, std::shared_ptr<Step>> live_;
   int flushers_ = 0;
   bool stopping_ = false;
   absl::Status error_;  // the first failure; every later call returns it
