@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
 #include "client/device_step.h"
+#include "client/pipeline_telemetry.h"
 #include "client/pooling.h"
 #include "client/request_plan.h"
 #include "client/step_scheduler.h"
@@ -41,11 +42,6 @@ struct Step {
   uint64_t keys = 0;
   uint64_t bytes = 0;
 };
-
-// Timeline threads of a pipeline's process (TraceTrack::thread).
-constexpr uint32_t kTrainerThread = 0;
-constexpr uint32_t kNetworkThread = 1;
-constexpr uint32_t kFirstShardThread = 2;
 
 }  // namespace
 
@@ -111,19 +107,8 @@ class StepPipeline::Impl {
       for (const FeatureSpec& f : options_.features) shape.combiner.push_back(f.combiner);
       EMBER_ASSIGN_OR_RETURN(device_, NewDeviceContext(options_.device, std::move(shape)));
     }
-    if (options_.trace != nullptr) {
-      options_.trace->NameProcess(Track(0).process, absl::StrCat("worker ", options_.worker_id));
-      options_.trace->NameTrack(Track(kTrainerThread), "trainer");
-      options_.trace->NameTrack(Track(kNetworkThread), "network");
-      for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
-        options_.trace->NameTrack(Track(kFirstShardThread + sh), client_->ShardName(sh));
-      }
-    }
-    if (options_.metrics != nullptr) {
-      metrics_ = &options_.metrics->ForWorker(options_.worker_id);
-      metrics_->staleness_bound->Set(options_.staleness < 0 ? -1 : options_.staleness);
-      metrics_->failed->Set(0);
-    }
+    telemetry_.emplace(*client_, options_.worker_id, options_.staleness, options_.trace,
+                       options_.metrics);
     StepScheduler::Options so;
     so.first_step = options_.first_step;
     so.depth = depth_;
@@ -143,7 +128,7 @@ class StepPipeline::Impl {
   absl::Status Prefetch(int64_t step, Batch batch) {
     const absl::Time start = absl::Now();
     EMBER_RETURN_IF_ERROR(ValidateBatch(batch, feature_names_));
-    TraceStep(/*network=*/false, "Prefetch", start, step);
+    telemetry_->Span(/*network=*/false, "Prefetch", start, step);
     auto s = std::make_shared<Step>();
     s->step = step;
     s->batch = std::move(batch);
@@ -155,9 +140,8 @@ class StepPipeline::Impl {
       EMBER_RETURN_IF_ERROR(scheduler_->CheckPrefetch(step));
       scheduler_->OnPrefetch(absl::Now());
       live_[step] = s;
-      stats_.keys += s->keys;
     }
-    if (metrics_ != nullptr) metrics_->keys->Add(static_cast<double>(s->keys));
+    telemetry_->Prefetched(s->keys);
     cv_.notify_all();
     return absl::OkStatus();
   }
@@ -256,25 +240,9 @@ class StepPipeline::Impl {
   size_t num_features() const { return feature_table_.size(); }
   uint32_t dim(size_t feature) const { return table_dim_[feature_table_.at(feature)]; }
   int depth() const { return depth_; }
-  PipelineStats Stats() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
+  PipelineStats Stats() const { return telemetry_->Stats(); }
 
  private:
-  // A track of this pipeline's timeline process.
-  TraceTrack Track(uint32_t thread) const { return {options_.worker_id + 1, thread}; }
-
-  // A span of this pipeline's trainer or network track, for step `step`.
-  void TraceStep(bool network, const char* name, absl::Time start, int64_t step,
-                 std::string args = "") {
-    if (options_.trace == nullptr) return;
-    if (!args.empty()) args += ",";
-    absl::StrAppend(&args, "\"step\":", step);
-    options_.trace->Record(Track(network ? kNetworkThread : kTrainerThread), name, start,
-                           absl::Now(), std::move(args));
-  }
-
   // Host and device pipelines each have their own Wait / Push.
   absl::Status CheckMode(bool device, absl::string_view call) const {
     if (device == (device_ != nullptr)) return absl::OkStatus();
@@ -292,21 +260,12 @@ class StepPipeline::Impl {
     std::shared_ptr<Step> s = live_.at(step);
     const absl::Time start = absl::Now();
     cv_.wait(lock, [&] { return s->ready || !error_.ok(); });
-    TraceStep(/*network=*/false, "Wait", start, step);
-    const double waited = absl::ToDoubleSeconds(absl::Now() - start);
-    stats_.wait_seconds += waited;
-    stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
-    ++stats_.steps_waited;
+    telemetry_->Span(/*network=*/false, "Wait", start, step);
     scheduler_->OnWait();
+    // The fetch took `fetch`; the trainer saw `waited` of it.
+    telemetry_->Waited(absl::ToDoubleSeconds(absl::Now() - start),
+                       absl::ToDoubleSeconds(s->ready_at - s->prefetched), error_.ok());
     EMBER_RETURN_IF_ERROR(error_);
-    if (metrics_ != nullptr) {
-      // The fetch took `fetch`; the trainer saw `waited` of it.
-      const double fetch = absl::ToDoubleSeconds(s->ready_at - s->prefetched);
-      metrics_->steps->Add();
-      metrics_->exposed_wait->Observe(waited);
-      metrics_->fetch->Observe(fetch);
-      metrics_->overlap->Set(fetch > 0 ? std::clamp(1.0 - waited / fetch, 0.0, 1.0) : 1.0);
-    }
     return s;
   }
 
@@ -324,7 +283,7 @@ class StepPipeline::Impl {
   }
 
   void QueuePush(std::shared_ptr<Step> s, absl::Time start) {
-    TraceStep(/*network=*/false, "Push", start, s->step);
+    telemetry_->Span(/*network=*/false, "Push", start, s->step);
     {
       std::lock_guard<std::mutex> lock(mu_);
       scheduler_->OnPush(absl::Now());
@@ -391,22 +350,16 @@ class StepPipeline::Impl {
         std::lock_guard<std::mutex> lock(mu_);
         if (!status.ok() && error_.ok()) {
           error_ = status;
-          if (metrics_ != nullptr) metrics_->failed->Set(1);
+          telemetry_->Failed();
         }
         if (fetch) {
           fetch->ready = true;
           fetch->ready_at = absl::Now();
         }
-        if (push) {
-          ++stats_.steps_pushed;
-          live_.erase(push->step);
-        }
+        if (push) live_.erase(push->step);
         scheduler_->OnSent(exchange, status.ok());
       }
-      if (push && status.ok() && metrics_ != nullptr) {
-        metrics_->pushes->Add();
-        metrics_->step_bytes->Set(static_cast<double>(push->bytes));
-      }
+      if (push) telemetry_->Pushed(status.ok(), push->bytes);
       cv_.notify_all();
     }
   }
@@ -479,7 +432,7 @@ class StepPipeline::Impl {
       PoolForward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
                   rows[tb], table_dim_[tb], s.pooled[f].data());
     }
-    TraceStep(/*network=*/true, "Pool", pool_start, s.step);
+    telemetry_->Span(/*network=*/true, "Pool", pool_start, s.step);
     return absl::OkStatus();
   }
 
@@ -606,20 +559,9 @@ class StepPipeline::Impl {
     std::vector<ShardCall> calls;
     const absl::Time start = absl::Now();
     absl::Status status =
-        client_->Exchange(requests, &responses, options_.trace != nullptr ? &calls : nullptr);
-    if (options_.trace != nullptr) {
-      std::string args = absl::StrCat("\"shards\":", shards);
-      if (push) absl::StrAppend(&args, ",\"push_step\":", push->step);
-      if (fetch) absl::StrAppend(&args, ",\"fetch_step\":", fetch->step);
-      absl::StrAppend(&args, ",\"ok\":", status.ok() ? "true" : "false");
-      options_.trace->Record(Track(kNetworkThread), "Exchange", start, absl::Now(),
-                             std::move(args));
-      for (const ShardCall& c : calls) {
-        options_.trace->Record(Track(kFirstShardThread + c.shard), "Exchange RPC", c.start, c.end,
-                               absl::StrCat("\"attempt\":", c.attempt, ",\"code\":\"",
-                                            absl::StatusCodeToString(c.code), "\""));
-      }
-    }
+        client_->Exchange(requests, &responses, telemetry_->tracing() ? &calls : nullptr);
+    telemetry_->ExchangeSpans(start, shards, push ? &push->step : nullptr,
+                              fetch ? &fetch->step : nullptr, status.ok(), calls);
     if (fetch && status.ok()) status = FinishLookup(*fetch, responses);
     return status;
   }
@@ -640,7 +582,7 @@ class StepPipeline::Impl {
     }
     const absl::Time start = absl::Now();
     absl::Status status = options_.merger->Exchange(options_.merger_rank, &part);
-    TraceStep(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
+    telemetry_->Span(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
     if (push) {
       CountBytes(*push, part.bytes_sent, 0, 0);
       ReleaseDevice(*push);
@@ -658,16 +600,7 @@ class StepPipeline::Impl {
   // Adds payload bytes of step `s` to the stats, the metrics and the step.
   void CountBytes(Step& s, uint64_t sent, uint64_t received, uint64_t node_exchange) {
     s.bytes += sent + received + node_exchange;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.bytes_sent += sent;
-      stats_.bytes_received += received;
-      stats_.exchange_bytes += node_exchange;
-    }
-    if (metrics_ == nullptr) return;
-    metrics_->bytes_sent->Add(static_cast<double>(sent));
-    metrics_->bytes_received->Add(static_cast<double>(received));
-    metrics_->bytes_node_exchange->Add(static_cast<double>(node_exchange));
+    telemetry_->Bytes(sent, received, node_exchange);
   }
 
   // A fetch about to go out (with `push`, if any, applied just before it):
@@ -677,15 +610,9 @@ class StepPipeline::Impl {
     int64_t applied;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stats_.unique_keys += unique_keys;
       applied = push != nullptr ? push->step : scheduler_->pushed_upto();
     }
-    if (metrics_ == nullptr) return;
-    metrics_->unique_keys->Add(static_cast<double>(unique_keys));
-    if (fetch.keys > 0) {
-      metrics_->unique_ratio->Set(static_cast<double>(unique_keys) / static_cast<double>(fetch.keys));
-    }
-    metrics_->staleness->Set(static_cast<double>(std::max<int64_t>(0, fetch.step - 1 - applied)));
+    telemetry_->Fetching(unique_keys, fetch.keys, fetch.step - 1 - applied);
   }
 
   Client* const client_;
@@ -714,8 +641,7 @@ class StepPipeline::Impl {
   int flushers_ = 0;
   bool stopping_ = false;
   absl::Status error_;  // the first failure; every later call returns it
-  PipelineStats stats_;
-  TrainerMetrics::Pipeline* metrics_ = nullptr;  // series updated lock-free
+  std::optional<PipelineTelemetry> telemetry_;
   std::thread net_;
 };
 
