@@ -72,7 +72,7 @@ uint32_t OwnerRank(uint64_t key, uint32_t ranks) {
 }
 
 NodeExchange::NodeExchange(ExchangeTransport* transport, std::vector<uint32_t> dims)
-    : transport_(transport), dims_(std::move(dims)), routes_(dims_.size()) {}
+    : transport_(transport), dims_(std::move(dims)) {}
 
 uint32_t NodeExchange::rank() const { return transport_->rank(); }
 uint32_t NodeExchange::ranks() const { return transport_->size(); }
@@ -113,8 +113,9 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeExchange::RouteKeys(
   std::vector<std::vector<uint8_t>> send(n);
   std::vector<BlockWriter> writers;
   for (uint32_t r = 0; r < n; ++r) writers.emplace_back(&send[r]);
+  Route routes(dims_.size());
   for (size_t t = 0; t < dims_.size(); ++t) {
-    TableRoute& route = routes_[t];
+    TableRoute& route = routes[t];
     route.sent_pos.assign(n, {});
     route.mine = unique_keys[t].size();
     for (auto& v : by_owner) v.clear();
@@ -132,7 +133,7 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeExchange::RouteKeys(
   for (uint32_t s = 0; s < n; ++s) readers.emplace_back(recv[s], s);
   std::vector<std::vector<uint64_t>> owned(dims_.size());
   for (size_t t = 0; t < dims_.size(); ++t) {
-    TableRoute& route = routes_[t];
+    TableRoute& route = routes[t];
     route.owned_idx.assign(n, {});
     absl::flat_hash_map<uint64_t, uint32_t> index;
     for (uint32_t s = 0; s < n; ++s) {
@@ -146,13 +147,14 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeExchange::RouteKeys(
     }
     route.owned = owned[t].size();
   }
-  routed_ = true;
+  routes_.push_back(std::move(routes));
   return owned;
 }
 
-absl::Status NodeExchange::CheckRows(const std::vector<absl::Span<const float>>& rows, bool owned,
+absl::Status NodeExchange::CheckRows(const Route* route,
+                                     const std::vector<absl::Span<const float>>& rows, bool owned,
                                      absl::string_view what) const {
-  if (!routed_) {
+  if (route == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("node exchange: ", what, " before RouteKeys"));
   }
@@ -162,7 +164,7 @@ absl::Status NodeExchange::CheckRows(const std::vector<absl::Span<const float>>&
                                                    " tables, received ", rows.size()));
   }
   for (size_t t = 0; t < dims_.size(); ++t) {
-    const size_t expected = (owned ? routes_[t].owned : routes_[t].mine) * dims_[t];
+    const size_t expected = (owned ? (*route)[t].owned : (*route)[t].mine) * dims_[t];
     if (rows[t].size() != expected) {
       return absl::InvalidArgumentError(absl::StrCat("node exchange: table ", t, " field '", what,
                                                      "': expected ", expected,
@@ -173,7 +175,8 @@ absl::Status NodeExchange::CheckRows(const std::vector<absl::Span<const float>>&
 }
 
 template <typename Place>
-absl::Status NodeExchange::TradeRows(const std::vector<absl::Span<const float>>& rows,
+absl::Status NodeExchange::TradeRows(const Route& route,
+                                     const std::vector<absl::Span<const float>>& rows,
                                      IndexLists TableRoute::*send, IndexLists TableRoute::*recv,
                                      Place place) {
   const uint32_t n = ranks();
@@ -181,7 +184,7 @@ absl::Status NodeExchange::TradeRows(const std::vector<absl::Span<const float>>&
   for (uint32_t r = 0; r < n; ++r) {
     BlockWriter w(&out[r]);
     for (size_t t = 0; t < dims_.size(); ++t) {
-      w.SectionGathered(rows[t].data(), dims_[t], (routes_[t].*send)[r]);
+      w.SectionGathered(rows[t].data(), dims_[t], (route[t].*send)[r]);
     }
   }
   std::vector<std::vector<uint8_t>> in;
@@ -192,7 +195,7 @@ absl::Status NodeExchange::TradeRows(const std::vector<absl::Span<const float>>&
     for (size_t t = 0; t < dims_.size(); ++t) {
       const uint32_t dim = dims_[t];
       EMBER_ASSIGN_OR_RETURN(absl::Span<const float> got, reader.Section<float>(dim));
-      const std::vector<uint32_t>& at = (routes_[t].*recv)[r];
+      const std::vector<uint32_t>& at = (route[t].*recv)[r];
       if (got.size() != at.size() * dim) {
         return absl::DataLossError(absl::StrCat("node exchange: rank ", r, " sent ",
                                                 got.size() / dim, " rows of table ", t, " for ",
@@ -204,30 +207,52 @@ absl::Status NodeExchange::TradeRows(const std::vector<absl::Span<const float>>&
   return absl::OkStatus();
 }
 
+absl::Status NodeExchange::ShareRows(const std::vector<absl::Span<const float>>& owned_rows,
+                                     const std::vector<float*>& mine) {
+  const Route* route = routes_.empty() ? nullptr : &routes_.back();
+  EMBER_RETURN_IF_ERROR(CheckRows(route, owned_rows, /*owned=*/true, "owned_rows"));
+  // Each source gets the rows of the keys it sent here, in its order.
+  return TradeRows(*route, owned_rows, &TableRoute::owned_idx, &TableRoute::sent_pos,
+                   [&](size_t t, uint32_t pos, const float* row) {
+                     std::memcpy(mine[t] + size_t{pos} * dims_[t], row, dims_[t] * sizeof(float));
+                   });
+}
+
 absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ShareRows(
     const std::vector<absl::Span<const float>>& owned_rows) {
-  EMBER_RETURN_IF_ERROR(CheckRows(owned_rows, /*owned=*/true, "owned_rows"));
   std::vector<std::vector<float>> mine(dims_.size());
-  for (size_t t = 0; t < dims_.size(); ++t) mine[t].resize(routes_[t].mine * dims_[t]);
-  // Each source gets the rows of the keys it sent here, in its order.
-  EMBER_RETURN_IF_ERROR(TradeRows(owned_rows, &TableRoute::owned_idx, &TableRoute::sent_pos,
-                                  [&](size_t t, uint32_t pos, const float* row) {
-                                    std::memcpy(mine[t].data() + size_t{pos} * dims_[t], row,
-                                                dims_[t] * sizeof(float));
-                                  }));
+  std::vector<float*> out(dims_.size());
+  for (size_t t = 0; t < dims_.size(); ++t) {
+    mine[t].resize(unique_floats(t));
+    out[t] = mine[t].data();
+  }
+  EMBER_RETURN_IF_ERROR(ShareRows(owned_rows, out));
   return mine;
+}
+
+absl::Status NodeExchange::ReduceGradients(const std::vector<absl::Span<const float>>& grads,
+                                           const std::vector<float*>& owned) {
+  const Route* route = routes_.empty() ? nullptr : &routes_.front();
+  EMBER_RETURN_IF_ERROR(CheckRows(route, grads, /*owned=*/false, "grads"));
+  for (size_t t = 0; t < dims_.size(); ++t) std::fill_n(owned[t], owned_floats(t), 0.0f);
+  absl::Status s = TradeRows(*route, grads, &TableRoute::sent_pos, &TableRoute::owned_idx,
+                             [&](size_t t, uint32_t idx, const float* g) {
+                               float* dst = owned[t] + size_t{idx} * dims_[t];
+                               for (uint32_t j = 0; j < dims_[t]; ++j) dst[j] += g[j];
+                             });
+  routes_.pop_front();  // reduced (or failed: the step's push is lost either way)
+  return s;
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ReduceGradients(
     const std::vector<absl::Span<const float>>& grads) {
-  EMBER_RETURN_IF_ERROR(CheckRows(grads, /*owned=*/false, "grads"));
   std::vector<std::vector<float>> owned(dims_.size());
-  for (size_t t = 0; t < dims_.size(); ++t) owned[t].assign(routes_[t].owned * dims_[t], 0.0f);
-  EMBER_RETURN_IF_ERROR(TradeRows(grads, &TableRoute::sent_pos, &TableRoute::owned_idx,
-                                  [&](size_t t, uint32_t idx, const float* g) {
-                                    float* dst = owned[t].data() + size_t{idx} * dims_[t];
-                                    for (uint32_t j = 0; j < dims_[t]; ++j) dst[j] += g[j];
-                                  }));
+  std::vector<float*> out(dims_.size());
+  for (size_t t = 0; t < dims_.size(); ++t) {
+    owned[t].resize(owned_floats(t));
+    out[t] = owned[t].data();
+  }
+  EMBER_RETURN_IF_ERROR(ReduceGradients(grads, out));
   return owned;
 }
 

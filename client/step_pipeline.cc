@@ -459,10 +459,7 @@ class StepPipeline::Impl {
       const uint64_t before = node_->bytes_sent() + node_->bytes_received();
       std::vector<absl::Span<const float>> owned_rows(fetched_scratch_.begin(),
                                                       fetched_scratch_.end());
-      EMBER_ASSIGN_OR_RETURN(std::vector<std::vector<float>> mine, node_->ShareRows(owned_rows));
-      for (size_t tb = 0; tb < tables; ++tb) {
-        memcpy(rows[tb], mine[tb].data(), mine[tb].size() * sizeof(float));
-      }
+      EMBER_RETURN_IF_ERROR(node_->ShareRows(owned_rows, rows));
       CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     }
     CountBytes(s, 0, received, 0);
@@ -503,7 +500,6 @@ class StepPipeline::Impl {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
     EMBER_ASSIGN_OR_RETURN(std::vector<const float*> grads, Gradients(s));
-    std::vector<std::vector<float>> owned_grads;
     if (node_) {
       // Trade gradients: this rank pushes the node's sums for its own keys.
       const uint64_t before = node_->bytes_sent() + node_->bytes_received();
@@ -511,8 +507,14 @@ class StepPipeline::Impl {
       for (size_t tb = 0; tb < tables; ++tb) {
         mine[tb] = absl::MakeConstSpan(grads[tb], s.unique[tb].size() * table_dim_[tb]);
       }
-      EMBER_ASSIGN_OR_RETURN(owned_grads, node_->ReduceGradients(mine));
-      for (size_t tb = 0; tb < tables; ++tb) grads[tb] = owned_grads[tb].data();
+      owned_grads_scratch_.resize(tables);  // network thread only
+      std::vector<float*> owned(tables);
+      for (size_t tb = 0; tb < tables; ++tb) {
+        owned_grads_scratch_[tb].resize(node_->owned_floats(tb));
+        owned[tb] = owned_grads_scratch_[tb].data();
+      }
+      EMBER_RETURN_IF_ERROR(node_->ReduceGradients(mine, owned));
+      for (size_t tb = 0; tb < tables; ++tb) grads[tb] = owned[tb];
       CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     }
     requests->assign(shards, {});
@@ -626,6 +628,7 @@ class StepPipeline::Impl {
   std::vector<std::vector<float>> rows_scratch_;   // network thread only
   std::vector<std::vector<float>> grads_scratch_;  // network thread only
   std::vector<std::vector<float>> fetched_scratch_;  // network thread only
+  std::vector<std::vector<float>> owned_grads_scratch_;  // network thread only
   std::unique_ptr<NodeExchange> node_;             // used by the network thread only
   std::unique_ptr<DeviceContext> device_;          // device pipelines only
   std::vector<std::unique_ptr<DeviceStep>> free_device_steps_;  // guarded by mu_

@@ -727,6 +727,39 @@ TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLi
   ExpectNodeTrainsLikeOneGpu(run);
 }
 
+TEST_F(PipelineIntegrationTest, NodeExchangeWithStalenessOneTrainsEveryStep) {
+  // With s = 1 a step's fetch goes out before the previous step's push: the
+  // push must use its own step's routes, not the latest ones.
+  StartShards(2);
+  auto transports = NewInProcessTransports(kNodeRanks);
+  std::vector<std::unique_ptr<StepPipeline>> pipes;
+  for (uint32_t r = 0; r < kNodeRanks; ++r) {
+    PipelineOptions o;
+    o.worker_id = r;
+    o.features = kFeatures;
+    o.staleness = 1;
+    o.node_transport = transports[r].get();
+    auto p = StepPipeline::Create(client_.get(), o);
+    ASSERT_OK(p);
+    pipes.push_back(std::move(*p));
+  }
+  std::vector<absl::Status> results(kNodeRanks);
+  std::vector<std::vector<std::vector<std::vector<float>>>> pooled(kNodeRanks);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kNodeRanks; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = TrainRecording(*pipes[r], kNodeSteps,
+                                  [&](int64_t t) { return MakeBatch(t * kNodeRanks + r, 0); },
+                                  &pooled[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t r = 0; r < kNodeRanks; ++r) {
+    ASSERT_OK(results[r]);
+    EXPECT_EQ(pipes[r]->Stats().steps_pushed, kNodeSteps);
+  }
+}
+
 // ---- The step merger (PipelineOptions::merger).
 
 TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndTrainsLikeOneGpu) {

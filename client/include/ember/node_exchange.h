@@ -16,6 +16,12 @@
 //      they go to the owners, which sum them per key in rank order; the
 //      owner pushes the sums to the cluster once.
 //
+// Steps may overlap (with SSP staleness s >= 1 the fetch of step t goes out
+// before the push of step t - 1): ShareRows uses the latest RouteKeys, and
+// ReduceGradients the oldest one not yet reduced, which it then forgets. So
+// every RouteKeys is followed by one ShareRows and, in step order, by one
+// ReduceGradients.
+//
 // The sums are deterministic (rank order, whatever the thread timing).
 // Against one GPU that summed every occurrence of the node's batch in
 // order, they agree exactly whenever the additions are exact, and otherwise
@@ -30,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -79,16 +86,34 @@ class NodeExchange {
       const std::vector<std::vector<uint64_t>>& unique_keys);
 
   // Step 3. `owned_rows[t]`: (owned keys of t) x dims[t] floats, in the order
-  // RouteKeys returned. Returns, per table, the rows of this rank's unique
-  // keys in the order given to RouteKeys.
+  // RouteKeys returned. Writes, per table, the rows of this rank's unique
+  // keys in the order given to RouteKeys into `mine[t]` ((unique keys of t)
+  // x dims[t] floats, the caller's memory).
+  absl::Status ShareRows(const std::vector<absl::Span<const float>>& owned_rows,
+                         const std::vector<float*>& mine);
+  // The same, into new buffers (for tools and tests).
   absl::StatusOr<std::vector<std::vector<float>>> ShareRows(
       const std::vector<absl::Span<const float>>& owned_rows);
 
   // Step 4. `grads[t]`: (this rank's unique keys of t) x dims[t] floats, in
-  // RouteKeys order. Returns, per table, the summed gradients of the owned
-  // keys, in RouteKeys' returned order.
+  // the order of the oldest RouteKeys not yet reduced. Writes, per table, the summed gradients of the owned
+  // keys, in RouteKeys' returned order, into `owned[t]` ((owned keys of t) x
+  // dims[t] floats, the caller's memory; overwritten).
+  absl::Status ReduceGradients(const std::vector<absl::Span<const float>>& grads,
+                               const std::vector<float*>& owned);
+  // The same, into new buffers (for tools and tests).
   absl::StatusOr<std::vector<std::vector<float>>> ReduceGradients(
       const std::vector<absl::Span<const float>>& grads);
+
+  // Floats of table t in the next ShareRows' output (this rank's unique keys
+  // of the latest RouteKeys) and the next ReduceGradients' output (the owned
+  // keys of the oldest RouteKeys not yet reduced); 0 before any RouteKeys.
+  size_t unique_floats(size_t t) const {
+    return routes_.empty() ? 0 : routes_.back()[t].mine * dims_[t];
+  }
+  size_t owned_floats(size_t t) const {
+    return routes_.empty() ? 0 : routes_.front()[t].owned * dims_[t];
+  }
 
   // Bytes this rank sent and received through the transport so far.
   uint64_t bytes_sent() const { return bytes_sent_; }
@@ -109,16 +134,19 @@ class NodeExchange {
                         std::vector<std::vector<uint8_t>>* recv);
   // Sends rank r, per table, rows[t] at (route.*send)[r]; passes each row
   // received from rank r to place(t, (route.*recv)[r][i], row), ranks in order.
+  using Route = std::vector<TableRoute>;  // [table]
   template <typename Place>
-  absl::Status TradeRows(const std::vector<absl::Span<const float>>& rows,
+  absl::Status TradeRows(const Route& route, const std::vector<absl::Span<const float>>& rows,
                          IndexLists TableRoute::*send, IndexLists TableRoute::*recv, Place place);
-  absl::Status CheckRows(const std::vector<absl::Span<const float>>& rows, bool owned,
-                         absl::string_view what) const;
+  // FAILED_PRECONDITION before any RouteKeys; INVALID_ARGUMENT unless rows
+  // has route's shape (owned or mine keys per table).
+  absl::Status CheckRows(const Route* route, const std::vector<absl::Span<const float>>& rows,
+                         bool owned, absl::string_view what) const;
 
   ExchangeTransport* transport_;
   std::vector<uint32_t> dims_;
-  std::vector<TableRoute> routes_;
-  bool routed_ = false;
+  // Routed steps not yet reduced, oldest first.
+  std::deque<Route> routes_;
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
 };
