@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Compares two builds of ember-server or of ember-trainer on the reference
-# trainer (4 pipelines, dim 8), alternating them round by round, because on a
-# shared 2-core machine only side-by-side figures mean anything.
+# Compares two builds on the reference trainer (4 pipelines, dim 8, 2 shards),
+# alternating them round by round, because on a shared 2-core machine only
+# side-by-side figures mean anything.
 #   bench/ab_compare.sh server  A/ember-server  B/ember-server   # shards' CPU ms per step
 #   bench/ab_compare.sh trainer A/ember-trainer B/ember-trainer  # steps/s, prefetch on
-# The other program comes from $EMBER_BUILD_DIR (default build/). The build
-# comparisons quoted in docs/ were measured this way, 3 rounds.
+#   bench/ab_compare.sh build   A_BUILD_DIR     B_BUILD_DIR [trainer flags...]
+# `server` and `trainer` take the other program from $EMBER_BUILD_DIR
+# (default build/). `build` runs each build's own ember-server and
+# ember-trainer (e.g. a checkout of an older commit built into its own
+# directory): per round and build, the prefetch-on rows (steps/s, efficiency,
+# wait p99, trainer CPU) and the CPU per pipeline-step of the trainer, of
+# the shards (from /proc, so older builds are measured the same way) and of
+# both. Rounds: $EMBER_ROUNDS (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE="$1"; A="$2"; B="$3"
+shift 3
 ROUNDS="${EMBER_ROUNDS:-3}"
 BUILD="${EMBER_BUILD_DIR:-build}"
 source scripts/local_cluster.sh
@@ -18,6 +25,7 @@ shard_ticks() {  # utime + stime of the shards, in clock ticks
   for pid in "${SHARD_PIDS[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
   echo "$t"
 }
+HZ=$(getconf CLK_TCK)
 
 for ((round = 1; round <= ROUNDS; round++)); do
   for bin in "$A" "$B"; do
@@ -30,9 +38,29 @@ for ((round = 1; round <= ROUNDS; round++)); do
         --warmup_seconds=0 | grep -E '\| prefetch o(n|ff) \|')
       after=$(shard_ticks)
       steps=$(echo "$rows" | awk -F'|' '{s += $5 * 4} END {print s}')
-      echo "round $round $bin: shards' CPU $(( (after - before) * 1000 / $(getconf CLK_TCK) )) ms" \
-        "for $steps steps = $(awk -v t=$((after - before)) -v s="$steps" -v hz="$(getconf CLK_TCK)" \
+      echo "round $round $bin: shards' CPU $(( (after - before) * 1000 / HZ )) ms" \
+        "for $steps steps = $(awk -v t=$((after - before)) -v s="$steps" -v hz="$HZ" \
         'BEGIN {printf "%.3f", t * 1000 / hz / s}') ms/step"
+    elif [ "$MODE" = build ]; then
+      EMBER_SERVER_BIN="$bin/server/ember-server" start_shards 2 --worker_threads=4 >/dev/null
+      trainer="$bin/bench/ember-trainer"
+      # Warm the tables first, untimed, so that both builds serve hot keys.
+      "$trainer" --shards="$SHARD_ADDRESSES" --seconds=1 --compute_ms=1 --warmup_seconds=3 "$@" \
+        >/dev/null
+      before=$(shard_ticks)
+      out=$("$trainer" --shards="$SHARD_ADDRESSES" --seconds=4 --pipelines=4 \
+        --compute_ms=0.5,1 --warmup_seconds=0 "$@")
+      after=$(shard_ticks)
+      rows=$(echo "$out" | grep -E '\| prefetch o(n|ff) \|')
+      # Columns: 5 steps/s, 7 wait mean, 8 wait p99, 9 efficiency, 13 trainer CPU ms/step.
+      steps=$(echo "$rows" | awk -F'|' '{s += $5 * 4} END {print s}')
+      trainer_cpu=$(echo "$rows" | awk -F'|' '{c += $13 * $5 * 4; s += $5 * 4} END {printf "%.3f", c / s}')
+      shards_cpu=$(awk -v t=$((after - before)) -v s="$steps" -v hz="$HZ" \
+        'BEGIN {printf "%.3f", t * 1000 / hz / s}')
+      echo "round $round $bin:"
+      echo "$rows" | grep 'prefetch on' | awk -F'|' '{printf "  compute %s prefetch on: %s steps/s, efficiency %s, wait p99 %s ms, trainer CPU %s ms/step\n", $3, $5, $9, $8, $13}'
+      echo "  CPU per pipeline-step over both modes: trainer $trainer_cpu ms + shards $shards_cpu ms" \
+        "= $(awk -v a="$trainer_cpu" -v b="$shards_cpu" 'BEGIN {printf "%.3f", a + b}') ms"
     else
       start_shards 2 --worker_threads=4 >/dev/null
       echo "round $round $bin:"

@@ -591,10 +591,11 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     if (i + 1 < num_stripes_) prefetch_index_lines((si + 1) & (num_stripes_ - 1));
     if (begin == end) continue;
     // Sort the stripe's keys, keeping request order among duplicates, so
-    // that duplicates are summed in a fixed order.
-    std::sort(b.slots + begin, b.slots + end, [&](const Slot& x, const Slot& y) {
-      const uint64_t kx = keys[x.pos], ky = keys[y.pos];
-      return kx != ky ? kx < ky : x.pos < y.pos;
+    // that duplicates are summed in a fixed order. By hash, which the slot
+    // holds (no load of the key): StoreHash is a bijection, so equal hashes
+    // are equal keys.
+    std::sort(b.slots + begin, b.slots + end, [](const Slot& x, const Slot& y) {
+      return x.hash != y.hash ? x.hash < y.hash : x.pos < y.pos;
     });
     Stripe& s = stripes_[si];
     WriterLock lock(&s.mu);
@@ -613,7 +614,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
       const Slot& first = b.slots[k];
       const uint64_t key = keys[first.pos];
       ConvertElements(grads + first.pos * grad_row, grad_dtype, g.data(), DType::kFp32, dim_);
-      for (++k; k < end && keys[b.slots[k].pos] == key; ++k) {
+      for (++k; k < end && b.slots[k].hash == first.hash; ++k) {
         const uint8_t* more = grads + b.slots[k].pos * grad_row;
         for (uint32_t j = 0; j < dim_; ++j) g[j] += LoadElement(more, grad_dtype, j);
       }
