@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -193,6 +194,10 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
   }
   std::vector<std::thread> threads;
   double seconds_sum = 0;
+  // Every pipeline runs steps [0, stop_step); see the loop.
+  constexpr int64_t kNoStopStep = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kStopMargin = 8;  // merged ranks are at most depth + 1 steps apart
+  std::atomic<int64_t> stop_step{kNoStopStep};
   const uint64_t rpcs_before = client->Stats().rpcs;
   const double shard_cpu_before = ShardCpuSeconds(client);
   const double cpu_before = ProcessCpuSeconds();
@@ -207,8 +212,16 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
       absl::Status status;
       int64_t next = 0, t = 0;
       const auto start = Clock::now();
-      for (; std::chrono::duration<double>(Clock::now() - start).count() < c.seconds; ++t) {
-        for (; next <= t + depth && status.ok(); ++next) {
+      for (; t < stop_step.load(); ++t) {
+        if (std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds) {
+          // Time is up: the first pipeline to see it sets the last step for
+          // all (merged pipelines must make the same calls), a few steps
+          // ahead of any of them.
+          int64_t unset = kNoStopStep;
+          stop_step.compare_exchange_strong(unset, t + kStopMargin);
+          if (t >= stop_step.load()) break;
+        }
+        for (; next <= t + depth && next < stop_step.load() && status.ok(); ++next) {
           status = pipe.Prefetch(next, source.Next());
         }
         if (!status.ok()) break;
