@@ -85,31 +85,41 @@ absl::Status StepMerger::Exchange(int rank, Part* part) {
   ++arrived_;
   const uint64_t generation = generation_;
   if (arrived_ < options_.ranks) {
-    const bool done = cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.timeout), [&] {
-      return generation_ != generation || !failed_.ok();
-    });
-    if (generation_ != generation) return round_status_;
-    if (!failed_.ok()) return failed_;
-    (void)done;
-    // Timed out: the round can never complete without this rank's part.
-    std::string missing;
-    for (int r = 0; r < options_.ranks; ++r) {
-      if (parts_[r] == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+    // The timeout is for the other ranks to arrive; once the round runs, its
+    // RPCs have their own deadlines (and the leader writes into this part).
+    const auto deadline = absl::ToChronoTime(absl::Now() + options_.timeout);
+    while (generation_ == generation && failed_.ok()) {
+      if (running_) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::no_timeout || running_ ||
+          generation_ != generation || !failed_.ok()) {
+        continue;
+      }
+      // Timed out: the round can never complete without the missing parts.
+      std::string missing;
+      for (int r = 0; r < options_.ranks; ++r) {
+        if (parts_[r] == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+      }
+      failed_ = absl::DeadlineExceededError(absl::StrCat(
+          "StepMerger: rank ", rank, " waited ", absl::FormatDuration(options_.timeout),
+          " for rank(s) ", missing, " to reach the same exchange (the ranks must make the same "
+          "calls in the same order)"));
+      parts_.assign(options_.ranks, nullptr);
+      arrived_ = 0;
+      cv_.notify_all();
     }
-    failed_ = absl::DeadlineExceededError(absl::StrCat(
-        "StepMerger: rank ", rank, " waited ", absl::FormatDuration(options_.timeout),
-        " for rank(s) ", missing, " to reach the same exchange (the ranks must make the same "
-        "calls in the same order)"));
-    parts_.assign(options_.ranks, nullptr);
-    arrived_ = 0;
-    cv_.notify_all();
+    if (generation_ != generation) return round_status_;
     return failed_;
   }
   // The last rank to arrive runs the round.
   std::vector<Part*> parts = parts_;
+  running_ = true;
   lock.unlock();
   absl::Status status = RunRound(parts);
   lock.lock();
+  running_ = false;
   round_status_ = status;
   parts_.assign(options_.ranks, nullptr);
   arrived_ = 0;

@@ -21,8 +21,8 @@
 // Rules: the ranks make the same calls (Prefetch, Wait, Push, Flush, Close)
 // in the same order, as with a node exchange; a push goes out with the
 // fetch queued right after it, or alone at Flush. A rank that waits longer
-// than `timeout` for the others fails with DEADLINE_EXCEEDED naming the
-// ranks missing, and so does every later call on the merger.
+// than `timeout` for the others to arrive fails with DEADLINE_EXCEEDED
+// naming the ranks missing, and so does every later call on the merger.
 //
 // Thread safety: Exchange is called concurrently by the ranks' network
 // threads; everything else from one thread. The merger must outlive its
@@ -118,6 +118,7 @@ class StepMerger {
   std::condition_variable cv_;
   std::vector<Part*> parts_;          // this round's, by rank; null: not arrived
   int arrived_ = 0;
+  bool running_ = false;              // the last rank to arrive runs the round
   uint64_t generation_ = 0;           // rounds completed
   absl::Status round_status_;         // of the last completed round
   absl::Status failed_;               // sticky: a rank timed out
