@@ -2,6 +2,7 @@
 // inverse, pooling with every combiner, and its backward pass.
 #include "client/pooling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -30,6 +31,27 @@ TEST(DedupTest, UniqueKeysKeepFirstOccurrenceOrderAndInverseRebuildsTheInput) {
   inverse.clear();
   d.Add(b, &inverse);
   EXPECT_EQ(d.unique(), (std::vector<uint64_t>{0, 9, ~uint64_t{0}}));
+}
+
+TEST(DedupTest, GrowsPastItsFirstTableAndForgetsEverythingAtClear) {
+  KeyDeduplicator d;
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 5000; ++k) keys.push_back(k * 1000003 % 7919 + (k % 3) * 100000);
+  for (int step = 0; step < 3; ++step) {
+    d.Clear();
+    std::vector<uint32_t> inverse;
+    d.Add(keys, &inverse);
+    d.Add(keys, &inverse);  // every key again: all duplicates
+    ASSERT_EQ(inverse.size(), 2 * keys.size());
+    std::vector<uint64_t> expected;
+    for (uint64_t k : keys) {
+      if (std::find(expected.begin(), expected.end(), k) == expected.end()) expected.push_back(k);
+    }
+    EXPECT_EQ(d.unique(), expected) << "step " << step;
+    for (size_t i = 0; i < inverse.size(); ++i) {
+      ASSERT_EQ(d.unique()[inverse[i]], keys[i % keys.size()]) << "step " << step << " id " << i;
+    }
+  }
 }
 
 // Rows of unique keys: row u is {u + 1, 10 * (u + 1)}.
