@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -42,11 +45,11 @@ inline std::vector<Feature> ReferenceFeatures(uint64_t scale_down = 1, double sc
 
 // Zipf-like ids in [0, n) with exponent s (!= 1), by inverting the CDF of the
 // continuous power law (rank 0 is the most frequent): close to the discrete
-// Zipf for the head that matters here. The inverse CDF is tabled at 4,096
-// quantiles (32 KB, cache-resident) and interpolated linearly between them,
-// so a draw costs one random number instead of a pow(): benchmarks draw
-// fresh batches every step without the drawing costing more CPU than the
-// system under test.
+// Zipf for the head that matters here. The inverse CDF is tabled at 1,024
+// quantiles (8 KB) and interpolated linearly between them, so a draw costs
+// one random number and one table load instead of a pow(): benchmarks draw
+// fresh batches every step without the drawing costing more CPU, or more
+// cache, than the system under test.
 class ZipfSampler {
  public:
   ZipfSampler(uint64_t n, double s) : n_(n), bounds_(kBuckets + 1) {
@@ -59,14 +62,14 @@ class ZipfSampler {
   template <typename Rng>
   uint64_t operator()(Rng& rng) const {
     const uint64_t r = rng();
-    const size_t i = static_cast<size_t>(r >> 52);
-    const double frac = static_cast<double>(r & ((uint64_t{1} << 52) - 1)) * 0x1p-52;
+    const size_t i = static_cast<size_t>(r >> 54);
+    const double frac = static_cast<double>(r & ((uint64_t{1} << 54) - 1)) * 0x1p-54;
     const double x = bounds_[i] + frac * (bounds_[i + 1] - bounds_[i]);
     return std::min<uint64_t>(n_ - 1, static_cast<uint64_t>(x));
   }
 
  private:
-  static constexpr size_t kBuckets = size_t{1} << 12;
+  static constexpr size_t kBuckets = size_t{1} << 10;
   uint64_t n_;
   std::vector<double> bounds_;
 };
@@ -127,14 +130,36 @@ class SplitMix64 {
 // The reference workload's Zipf exponent.
 constexpr double kReferenceZipfExponent = 1.05;
 
+// The samplers of `features` at `exponent`, built once per process and
+// shared by every generator of the same workload (one table set in cache,
+// not one per pipeline).
+inline std::shared_ptr<const std::vector<ZipfSampler>> SharedSamplers(
+    const std::vector<Feature>& features, double exponent) {
+  static std::mutex mu;
+  static std::map<std::pair<std::vector<uint64_t>, double>,
+                  std::shared_ptr<const std::vector<ZipfSampler>>>
+      cache;
+  std::vector<uint64_t> cards;
+  for (const Feature& f : features) cards.push_back(f.cardinality);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& entry = cache[{cards, exponent}];
+  if (!entry) {
+    auto samplers = std::make_shared<std::vector<ZipfSampler>>();
+    for (uint64_t c : cards) samplers->emplace_back(c, exponent);
+    entry = std::move(samplers);
+  }
+  return entry;
+}
+
 // Draws the batches of one id stream: Zipf ids per feature, hashed to keys.
 class BatchGenerator {
  public:
   BatchGenerator(std::vector<Feature> features, int batch_size, uint64_t seed,
                  double zipf_exponent = kReferenceZipfExponent)
-      : features_(std::move(features)), batch_size_(batch_size), rng_(seed) {
-    for (const Feature& f : features_) zipf_.emplace_back(f.cardinality, zipf_exponent);
-  }
+      : features_(std::move(features)),
+        batch_size_(batch_size),
+        rng_(seed),
+        zipf_(SharedSamplers(features_, zipf_exponent)) {}
   Batch Next() {
     Batch b;
     for (size_t fi = 0; fi < features_.size(); ++fi) {
@@ -148,7 +173,7 @@ class BatchGenerator {
         // Ids per example, uniform in [min_ids, max_ids] (fastrange).
         const int hot = f.min_ids + static_cast<int>((static_cast<unsigned __int128>(rng_()) * spread) >> 64);
         for (int k = hot; k > 0; --k) {
-          fb.keys.push_back(FeatureKey(static_cast<int>(fi), zipf_[fi](rng_)));
+          fb.keys.push_back(FeatureKey(static_cast<int>(fi), (*zipf_)[fi](rng_)));
         }
         fb.offsets.push_back(static_cast<int64_t>(fb.keys.size()));
       }
@@ -161,7 +186,7 @@ class BatchGenerator {
   std::vector<Feature> features_;
   int batch_size_;
   SplitMix64 rng_;
-  std::vector<ZipfSampler> zipf_;
+  std::shared_ptr<const std::vector<ZipfSampler>> zipf_;
 };
 
 }  // namespace ember::bench

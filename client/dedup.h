@@ -5,8 +5,10 @@
 // An open-addressing table (linear probing, load at most 1/2, slots of key,
 // index and a generation stamp, so that Clear only bumps the generation):
 // a step's few thousand keys stay in L2, and every probe is one compare.
-// On the reference batches it takes 35 us per batch where
-// absl::flat_hash_map (whose clear() also walks the whole table) took 90.
+// Alone in a loop over reference batches it took 35 us per batch where
+// absl::flat_hash_map (whose clear() also walks the whole table) took 90; in
+// the trainer, beside everything else in the cache, the gain is smaller
+// (about 12% -> 10% of the trainer's CPU samples).
 #pragma once
 
 #include <algorithm>
