@@ -1,9 +1,15 @@
-// ember.v1.EmbeddingService over a Shard: deadline check, call, status conversion.
+// ember.v1.EmbeddingService over a Shard: deadline check, call, status
+// conversion; on gRPC's synchronous API (EmbeddingServiceImpl: every call on
+// one of the server's polling threads) or its callback API
+// (EmbeddingCallbackService: calls run on the thread that completed them,
+// and only a lookup that may wait for the consistency clock goes to a
+// bounded pool, so gRPC's threads never block).
 #pragma once
 
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
+#include "server/work_pool.h"
 
 namespace ember {
 
@@ -32,6 +38,45 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
 
   Shard* shard_;
   ShardMetrics* metrics_;
+};
+
+class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackService {
+ public:
+  // `shard` and `metrics` (null: none) must outlive the service. Lookups
+  // that may wait run on `pool_threads` threads; with `all_lookups_on_pool`
+  // every lookup does (pushes always run inline: they never wait, and a
+  // lookup may be waiting for one).
+  EmbeddingCallbackService(Shard* shard, ShardMetrics* metrics, int pool_threads,
+                           bool all_lookups_on_pool)
+      : shard_(shard), metrics_(metrics), pool_(pool_threads),
+        all_lookups_on_pool_(all_lookups_on_pool) {}
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const v1::PushRequest* request,
+                                 v1::PushResponse* response) override;
+  grpc::ServerUnaryReactor* Exchange(grpc::CallbackServerContext* context,
+                                     const v1::ExchangeRequest* request,
+                                     v1::ExchangeResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const v1::RegisterWorkerRequest* request,
+                                           v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterWorker(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterWorkerRequest* request,
+                                             v1::UnregisterWorkerResponse* response) override;
+
+ private:
+  // Runs `work` (which finishes the call) inline, or on the pool when the
+  // lookup may wait.
+  template <typename Work>
+  void RunLookup(bool may_wait, Work work);
+
+  Shard* shard_;
+  ShardMetrics* metrics_;
+  WorkPool pool_;
+  const bool all_lookups_on_pool_;
 };
 
 }  // namespace ember

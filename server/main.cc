@@ -15,7 +15,13 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one and prints it.");
 ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index, 0 <= shard_index < shard_count.");
 ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, worker_threads, 4,
-          "gRPC threads polling for requests; more start while all are busy.");
+          "gRPC threads polling for requests; more start while all are busy (--rpc_mode=sync). "
+          "With the callback API: the threads for lookups that wait for the SSP clock.");
+ABSL_FLAG(std::string, rpc_mode, "sync",
+          "How embedding calls run: sync (gRPC's synchronous API, a polling thread per call), "
+          "callback (gRPC's callback API, on the thread that completed the call; a lookup "
+          "that may wait for the SSP clock goes to the worker_threads pool), callback_pool "
+          "(callback API, every lookup on the pool).");
 ABSL_FLAG(std::string, table_config_file, "",
           "Optional text-format ember.v1.TableConfigList created at start-up.");
 ABSL_FLAG(uint64_t, max_keys_per_request, uint64_t{8} << 20,
@@ -57,6 +63,18 @@ int main(int argc, char** argv) {
   options.address = absl::GetFlag(FLAGS_address);
   options.port = absl::GetFlag(FLAGS_port);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  const std::string rpc_mode = absl::GetFlag(FLAGS_rpc_mode);
+  if (rpc_mode == "sync") {
+    options.rpc_mode = ember::ServerOptions::RpcMode::kSync;
+  } else if (rpc_mode == "callback") {
+    options.rpc_mode = ember::ServerOptions::RpcMode::kCallback;
+  } else if (rpc_mode == "callback_pool") {
+    options.rpc_mode = ember::ServerOptions::RpcMode::kCallbackPool;
+  } else {
+    std::fprintf(stderr, "ember-server: --rpc_mode: expected sync, callback or callback_pool, "
+                 "received '%s'\n", rpc_mode.c_str());
+    return 2;
+  }
   options.table_config_file = absl::GetFlag(FLAGS_table_config_file);
   options.shard.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);

@@ -16,9 +16,23 @@
 namespace ember {
 
 struct Server::Services {
-  Services(Shard* shard, ShardMetrics* metrics, Checkpointer* checkpointer)
-      : embedding(shard, metrics), admin(shard, checkpointer) {}
-  EmbeddingServiceImpl embedding;
+  Services(const ServerOptions& options, Shard* shard, ShardMetrics* metrics,
+           Checkpointer* checkpointer)
+      : admin(shard, checkpointer) {
+    if (options.rpc_mode == ServerOptions::RpcMode::kSync) {
+      embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics);
+    } else {
+      embedding_callback = std::make_unique<EmbeddingCallbackService>(
+          shard, metrics, options.worker_threads,
+          options.rpc_mode == ServerOptions::RpcMode::kCallbackPool);
+    }
+  }
+  grpc::Service* embedding() {
+    return embedding_sync ? static_cast<grpc::Service*>(embedding_sync.get())
+                          : embedding_callback.get();
+  }
+  std::unique_ptr<EmbeddingServiceImpl> embedding_sync;
+  std::unique_ptr<EmbeddingCallbackService> embedding_callback;
   AdminServiceImpl admin;
 };
 
@@ -93,8 +107,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.table_config_file.empty()) {
     EMBER_RETURN_IF_ERROR(CreateConfiguredTables(options.table_config_file, server->shard_.get()));
   }
-  server->services_ = std::make_unique<Services>(server->shard_.get(), server->metrics_.get(),
-                                                 server->checkpointer_.get());
+  server->services_ = std::make_unique<Services>(options, server->shard_.get(),
+                                                 server->metrics_.get(), server->checkpointer_.get());
   if (options.metrics_port >= 0) {
     EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
                            MetricsHttpServer::Start(options.address, options.metrics_port,
@@ -106,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   const std::string target = absl::StrCat(options.address, ":", options.port);
   builder.AddListeningPort(target, grpc::InsecureServerCredentials(), &server->port_);
-  builder.RegisterService(&server->services_->embedding);
+  builder.RegisterService(server->services_->embedding());
   builder.RegisterService(&server->services_->admin);
   const int max_bytes = static_cast<int>(
       std::min<uint64_t>(options.shard.max_message_bytes, std::numeric_limits<int>::max()));

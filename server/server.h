@@ -27,8 +27,16 @@ struct ServerOptions {
   std::string address = "127.0.0.1";
   // TCP port; 0 picks a free one (see Server::port()).
   int port = 50051;
-  // gRPC threads polling for requests (gRPC starts more while all are busy).
+  // gRPC threads polling for requests (gRPC starts more while all are busy);
+  // with the callback API, the threads of the pool for lookups that may wait.
   int worker_threads = 4;
+  // How EmbeddingService calls run (server/embedding_service.h):
+  //   kSync: gRPC's synchronous API, each call on a polling thread;
+  //   kCallback: gRPC's callback API, each call on the thread that completed
+  //     it, and a lookup that may wait for the clock on a pool;
+  //   kCallbackPool: the callback API with every lookup on the pool.
+  enum class RpcMode { kSync, kCallback, kCallbackPool };
+  RpcMode rpc_mode = RpcMode::kSync;
   // Optional: protobuf text file with an ember.v1.TableConfigList whose
   // tables are created at start-up.
   std::string table_config_file;

@@ -446,11 +446,29 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
   return applied;
 }
 
+bool Shard::MayWait(const v1::LookupRequest& lookup, const v1::PushRequest* push) const {
+  if (!lookup.has_step()) return false;
+  const int64_t required = lookup.step() - int64_t{lookup.staleness()} - 1;
+  if (required < 0) return false;
+  std::optional<std::pair<uint32_t, int64_t>> pushed;
+  if (push != nullptr) pushed = {{push->worker_id(), push->step()}};
+  return !clock_.Ready(required, pushed);
+}
+
 absl::Status Shard::Exchange(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
                              absl::Time deadline) {
-  if (request.has_push()) {
-    EMBER_RETURN_IF_ERROR(Push(request.push(), response->mutable_push()));
-  }
+  EMBER_RETURN_IF_ERROR(ExchangePush(request, response));
+  return ExchangeLookup(request, response, deadline);
+}
+
+absl::Status Shard::ExchangePush(const v1::ExchangeRequest& request,
+                                 v1::ExchangeResponse* response) {
+  if (!request.has_push()) return absl::OkStatus();
+  return Push(request.push(), response->mutable_push());
+}
+
+absl::Status Shard::ExchangeLookup(const v1::ExchangeRequest& request,
+                                   v1::ExchangeResponse* response, absl::Time deadline) {
   if (!request.has_lookup()) return absl::OkStatus();
   absl::Status looked_up = Lookup(request.lookup(), response->mutable_lookup(), deadline);
   if (looked_up.ok() || !request.has_push()) return looked_up;

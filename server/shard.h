@@ -95,9 +95,19 @@ class Shard {
   absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
                       absl::Time deadline = absl::InfiniteFuture());
   absl::Status Push(const v1::PushRequest& request, v1::PushResponse* response);
+  // Whether the request could wait for the consistency clock (its lookup
+  // has a step that some worker has not reached, counting the request's own
+  // push): the gRPC service runs such calls off its completion threads.
+  bool MayWait(const v1::LookupRequest& lookup, const v1::PushRequest* push = nullptr) const;
   // Push, then Lookup; see EmbeddingService.Exchange.
   absl::Status Exchange(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
                         absl::Time deadline = absl::InfiniteFuture());
+  // Exchange in two halves, for a caller that runs the lookup elsewhere:
+  // the push (never waits), then the lookup (may wait; its error says the
+  // push was applied). Exchange is ExchangePush then ExchangeLookup.
+  absl::Status ExchangePush(const v1::ExchangeRequest& request, v1::ExchangeResponse* response);
+  absl::Status ExchangeLookup(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
+                              absl::Time deadline);
   // Counts this shard's traffic in `metrics` (which must outlive the shard)
   // and refreshes its table and clock gauges at every scrape. Call before
   // serving.

@@ -84,6 +84,18 @@ int64_t SspClock::MinApplied() const {
                                    : slowest->second.applied;
 }
 
+bool SspClock::Ready(int64_t required,
+                     std::optional<std::pair<uint32_t, int64_t>> pushed) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, w] : workers_) {
+    int64_t applied = w.applied;
+    // The pushed step counts when it is the worker's next one.
+    if (pushed && pushed->first == id && pushed->second == applied + 1) applied = pushed->second;
+    if (applied < required) return false;
+  }
+  return true;
+}
+
 absl::Status SspClock::WaitFor(int64_t required, absl::Time deadline, const std::string& what) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto ready = [&] {

@@ -18,7 +18,9 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -54,6 +56,11 @@ class SspClock {
 
   // The smallest applied step over registered workers (INT64_MAX if none).
   int64_t MinApplied() const;
+  // Whether WaitFor(required) would return at once, counting `worker` as
+  // having applied `pushed` too when `pushed` is set (a push about to be
+  // applied before the wait). A hint: it may be false when a push in flight
+  // would have made it true.
+  bool Ready(int64_t required, std::optional<std::pair<uint32_t, int64_t>> pushed) const;
   // Each registered worker's applied step.
   std::map<uint32_t, int64_t> AppliedSteps() const;
   // The latest step any registered worker has applied or claimed; -1 if none.

@@ -30,6 +30,11 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   const char* bin = getenv("EMBER_SERVER_BIN");
   std::vector<std::string> argv_s = {bin != nullptr && *bin != '\0' ? bin : EMBER_SERVER_BIN,
                                      "--address=127.0.0.1", "--port=0"};
+  // EMBER_SERVER_RPC_MODE runs the suite against another --rpc_mode (CTest
+  // registers the integration suites once per mode).
+  if (const char* mode = getenv("EMBER_SERVER_RPC_MODE"); mode != nullptr && *mode != '\0') {
+    argv_s.push_back(absl::StrCat("--rpc_mode=", mode));
+  }
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
