@@ -9,41 +9,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
-#include "client/device_step.h"
+#include "client/pipeline_step.h"
 #include "client/pipeline_telemetry.h"
 #include "client/pooling.h"
 #include "client/request_plan.h"
+#include "client/row_sink.h"
 #include "client/step_scheduler.h"
 #include "ember/step_merger.h"
 #include "common/status_macros.h"
 
 namespace ember {
-namespace {
-
-// Everything one step needs from prefetch to push.
-struct Step {
-  int64_t step = 0;
-  Batch batch;
-  std::vector<std::vector<uint64_t>> unique;   // per table
-  std::vector<std::vector<uint32_t>> inverse;  // per feature: unique index of each id
-  // With a node exchange: per table, the keys this rank fetches and pushes
-  // for the whole node. Without, the fetched keys are `unique`.
-  std::vector<std::vector<uint64_t>> owned;
-  // Which shard serves each fetched key; the push goes the same way.
-  RequestPlan plan;
-  std::vector<std::vector<float>> pooled;    // per feature, [batch, dim]
-  std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push
-  std::unique_ptr<DeviceStep> dev;           // device pipelines: the step on the GPU
-  bool ready = false;  // the fetch finished (or failed: see the pipeline's error)
-  // For the metrics: when Prefetch queued it and when its rows were ready;
-  // its ids; the bytes its fetch, push and node exchange moved.
-  absl::Time prefetched;
-  absl::Time ready_at;
-  uint64_t keys = 0;
-  uint64_t bytes = 0;
-};
-
-}  // namespace
+using Step = PipelineStep;
 
 class StepPipeline::Impl {
  public:
@@ -84,6 +60,17 @@ class StepPipeline::Impl {
     if (options_.node_transport != nullptr) {
       node_ = std::make_unique<NodeExchange>(options_.node_transport, table_dim_);
     }
+    telemetry_.emplace(*client_, options_.worker_id, options_.staleness, options_.trace,
+                       options_.metrics);
+    RowSinkShape shape;
+    shape.table_dim = table_dim_;
+    shape.feature_table = feature_table_;
+    for (const FeatureSpec& f : options_.features) shape.combiner.push_back(f.combiner);
+    if (options_.device >= 0) {
+      EMBER_ASSIGN_OR_RETURN(sink_, NewDeviceRowSink(options_.device, std::move(shape)));
+    } else {
+      sink_ = NewHostRowSink(std::move(shape), &*telemetry_);
+    }
     // With a merger, every rank's network thread must offer the same
     // exchanges in the same order: NextExchange pairs by call order only.
     if (StepMerger* m = options_.merger) {
@@ -100,15 +87,6 @@ class StepPipeline::Impl {
       }
       EMBER_RETURN_IF_ERROR(m->Join(options_.merger_rank, tables_, table_dim_));
     }
-    if (options_.device >= 0) {
-      DeviceStepShape shape;
-      shape.table_dim = table_dim_;
-      shape.feature_table = feature_table_;
-      for (const FeatureSpec& f : options_.features) shape.combiner.push_back(f.combiner);
-      EMBER_ASSIGN_OR_RETURN(device_, NewDeviceContext(options_.device, std::move(shape)));
-    }
-    telemetry_.emplace(*client_, options_.worker_id, options_.staleness, options_.trace,
-                       options_.metrics);
     StepScheduler::Options so;
     so.first_step = options_.first_step;
     so.depth = depth_;
@@ -245,7 +223,7 @@ class StepPipeline::Impl {
  private:
   // Host and device pipelines each have their own Wait / Push.
   absl::Status CheckMode(bool device, absl::string_view call) const {
-    if (device == (device_ != nullptr)) return absl::OkStatus();
+    if (device == (options_.device >= 0)) return absl::OkStatus();
     return absl::FailedPreconditionError(
         device ? absl::StrCat(call, ": this pipeline pools on the host (PipelineOptions::device "
                               "is -1): use Wait / Push")
@@ -289,19 +267,6 @@ class StepPipeline::Impl {
       scheduler_->OnPush(absl::Now());
     }
     cv_.notify_all();
-  }
-
-  // A device step for the network thread: a reused one when there is one.
-  absl::StatusOr<std::unique_ptr<DeviceStep>> AcquireDeviceStep() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_device_steps_.empty()) {
-        std::unique_ptr<DeviceStep> d = std::move(free_device_steps_.back());
-        free_device_steps_.pop_back();
-        return d;
-      }
-    }
-    return device_->NewStep();
   }
 
   // How long a push waits for the next fetch to share its round trip. The
@@ -398,48 +363,10 @@ class StepPipeline::Impl {
     return s.plan.keys();
   }
 
-  // Where step s's unique rows go, per table: the step's pinned upload on a
-  // device pipeline, scratch on a host one.
-  absl::StatusOr<std::vector<float*>> RowBuffers(Step& s) {
-    const size_t tables = tables_.size();
-    std::vector<float*> rows(tables);
-    if (device_) {
-      EMBER_ASSIGN_OR_RETURN(s.dev, AcquireDeviceStep());
-      std::vector<size_t> unique(tables);
-      for (size_t tb = 0; tb < tables; ++tb) unique[tb] = s.unique[tb].size();
-      EMBER_RETURN_IF_ERROR(s.dev->Prepare(s.batch, unique, s.inverse));
-      for (size_t tb = 0; tb < tables; ++tb) rows[tb] = s.dev->StagedRows(tb);
-    } else {
-      rows_scratch_.resize(tables);  // network thread only
-      for (size_t tb = 0; tb < tables; ++tb) {
-        rows_scratch_[tb].resize(s.unique[tb].size() * table_dim_[tb]);
-        rows[tb] = rows_scratch_[tb].data();
-      }
-    }
-    return rows;
-  }
-
-  // The unique rows are in `rows` (RowBuffers): upload them (device) or
-  // pool them per feature (host).
-  absl::Status Deliver(Step& s, const std::vector<float*>& rows) {
-    if (device_) return s.dev->Upload();
-    const absl::Time pool_start = absl::Now();
-    s.pooled.resize(feature_table_.size());
-    for (size_t f = 0; f < feature_table_.size(); ++f) {
-      const FeatureBatch& fb = s.batch.features[f];
-      const int tb = feature_table_[f];
-      s.pooled[f].resize((fb.offsets.size() - 1) * table_dim_[tb]);
-      PoolForward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
-                  rows[tb], table_dim_[tb], s.pooled[f].data());
-    }
-    telemetry_->Span(/*network=*/true, "Pool", pool_start, s.step);
-    return absl::OkStatus();
-  }
-
   // Scatters the shards' rows to unique rows and pools them per feature.
   absl::Status FinishLookup(Step& s, const std::vector<v1::ExchangeResponse>& responses) {
     const size_t tables = tables_.size();
-    EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, RowBuffers(s));
+    EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, sink_->Rows(s));
     // With a node exchange the shards answer for the owned keys, which go
     // to scratch first, and the ranks then trade rows.
     std::vector<float*> into = rows;
@@ -463,34 +390,7 @@ class StepPipeline::Impl {
       CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     }
     CountBytes(s, 0, received, 0);
-    return Deliver(s, rows);
-  }
-
-  // Step s's gradient per unique key, per table: pooling's backward on the
-  // host, or (device pipelines) the copy PushFromDevice started.
-  absl::StatusOr<std::vector<const float*>> Gradients(Step& s) {
-    const size_t tables = tables_.size();
-    if (device_) return s.dev->Gradients();
-    std::vector<const float*> grads(tables);
-    grads_scratch_.resize(tables);  // network thread only
-    for (size_t tb = 0; tb < tables; ++tb) {
-      grads_scratch_[tb].assign(s.unique[tb].size() * table_dim_[tb], 0);
-      grads[tb] = grads_scratch_[tb].data();
-    }
-    for (size_t f = 0; f < feature_table_.size(); ++f) {
-      const FeatureBatch& fb = s.batch.features[f];
-      const int tb = feature_table_[f];
-      PoolBackward(fb.offsets, s.inverse[f], fb.weights, options_.features[f].combiner,
-                   s.d_pooled[f].data(), table_dim_[tb], grads_scratch_[tb].data());
-    }
-    return grads;
-  }
-
-  // A pushed step's device buffers go back for reuse.
-  void ReleaseDevice(Step& s) {
-    if (!s.dev) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    free_device_steps_.push_back(std::move(s.dev));
+    return sink_->Deliver(s, rows);
   }
 
   // One PushRequest per shard (every shard, so that its clock advances) of
@@ -499,7 +399,7 @@ class StepPipeline::Impl {
   absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
-    EMBER_ASSIGN_OR_RETURN(std::vector<const float*> grads, Gradients(s));
+    EMBER_ASSIGN_OR_RETURN(std::vector<const float*> grads, sink_->Gradients(s));
     if (node_) {
       // Trade gradients: this rank pushes the node's sums for its own keys.
       const uint64_t before = node_->bytes_sent() + node_->bytes_received();
@@ -525,7 +425,7 @@ class StepPipeline::Impl {
       r.set_step(s.step);
       sent += s.plan.FillPush(sh, grads, &r);
     }
-    ReleaseDevice(s);
+    sink_->Release(s);
     return sent;
   }
 
@@ -574,27 +474,27 @@ class StepPipeline::Impl {
     StepMerger::Part part;
     if (push) {
       part.push_step = push->step;
-      EMBER_ASSIGN_OR_RETURN(part.grads, Gradients(*push));
+      EMBER_ASSIGN_OR_RETURN(part.grads, sink_->Gradients(*push));
     }
     if (fetch) {
       Dedup(*fetch);
       part.fetch_step = fetch->step;
       part.keys = &fetch->unique;
-      EMBER_ASSIGN_OR_RETURN(part.rows, RowBuffers(*fetch));
+      EMBER_ASSIGN_OR_RETURN(part.rows, sink_->Rows(*fetch));
     }
     const absl::Time start = absl::Now();
     absl::Status status = options_.merger->Exchange(options_.merger_rank, &part);
     telemetry_->Span(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
     if (push) {
       CountBytes(*push, part.bytes_sent, 0, 0);
-      ReleaseDevice(*push);
+      sink_->Release(*push);
     }
     if (fetch) {
       uint64_t unique_keys = 0;
       for (const auto& u : fetch->unique) unique_keys += u.size();
       CountFetch(*fetch, unique_keys, push);
       CountBytes(*fetch, 0, part.bytes_received, 0);
-      if (status.ok()) status = Deliver(*fetch, part.rows);
+      if (status.ok()) status = sink_->Deliver(*fetch, part.rows);
     }
     return status;
   }
@@ -625,13 +525,10 @@ class StepPipeline::Impl {
   std::vector<int> feature_table_;       // feature -> index in tables_
   std::vector<std::string> feature_names_;
   KeyDeduplicator dedup_;                          // network thread only
-  std::vector<std::vector<float>> rows_scratch_;   // network thread only
-  std::vector<std::vector<float>> grads_scratch_;  // network thread only
   std::vector<std::vector<float>> fetched_scratch_;  // network thread only
   std::vector<std::vector<float>> owned_grads_scratch_;  // network thread only
   std::unique_ptr<NodeExchange> node_;             // used by the network thread only
-  std::unique_ptr<DeviceContext> device_;          // device pipelines only
-  std::vector<std::unique_ptr<DeviceStep>> free_device_steps_;  // guarded by mu_
+  std::unique_ptr<RowSink> sink_;                  // used by the network thread only
   bool registered_ = false;
   bool closed_ = false;
   absl::Status close_status_;

@@ -1,0 +1,117 @@
+#include "client/row_sink.h"
+
+#include "client/pooling.h"
+#include "common/status_macros.h"
+
+namespace ember {
+namespace {
+
+class HostRowSink final : public RowSink {
+ public:
+  HostRowSink(RowSinkShape shape, PipelineTelemetry* telemetry)
+      : shape_(std::move(shape)), telemetry_(telemetry) {}
+
+  absl::StatusOr<std::vector<float*>> Rows(PipelineStep& s) override {
+    const size_t tables = shape_.table_dim.size();
+    std::vector<float*> rows(tables);
+    rows_.resize(tables);
+    for (size_t tb = 0; tb < tables; ++tb) {
+      rows_[tb].resize(s.unique[tb].size() * shape_.table_dim[tb]);
+      rows[tb] = rows_[tb].data();
+    }
+    return rows;
+  }
+
+  absl::Status Deliver(PipelineStep& s, const std::vector<float*>& rows) override {
+    const absl::Time start = absl::Now();
+    s.pooled.resize(shape_.feature_table.size());
+    for (size_t f = 0; f < shape_.feature_table.size(); ++f) {
+      const FeatureBatch& fb = s.batch.features[f];
+      const int tb = shape_.feature_table[f];
+      s.pooled[f].resize((fb.offsets.size() - 1) * shape_.table_dim[tb]);
+      PoolForward(fb.offsets, s.inverse[f], fb.weights, shape_.combiner[f], rows[tb],
+                  shape_.table_dim[tb], s.pooled[f].data());
+    }
+    telemetry_->Span(/*network=*/true, "Pool", start, s.step);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<const float*>> Gradients(PipelineStep& s) override {
+    const size_t tables = shape_.table_dim.size();
+    std::vector<const float*> grads(tables);
+    grads_.resize(tables);
+    for (size_t tb = 0; tb < tables; ++tb) {
+      grads_[tb].assign(s.unique[tb].size() * shape_.table_dim[tb], 0);
+      grads[tb] = grads_[tb].data();
+    }
+    for (size_t f = 0; f < shape_.feature_table.size(); ++f) {
+      const FeatureBatch& fb = s.batch.features[f];
+      const int tb = shape_.feature_table[f];
+      PoolBackward(fb.offsets, s.inverse[f], fb.weights, shape_.combiner[f],
+                   s.d_pooled[f].data(), shape_.table_dim[tb], grads_[tb].data());
+    }
+    return grads;
+  }
+
+  void Release(PipelineStep&) override {}
+
+ private:
+  const RowSinkShape shape_;
+  PipelineTelemetry* const telemetry_;
+  std::vector<std::vector<float>> rows_;   // the latest step's unique rows
+  std::vector<std::vector<float>> grads_;  // the latest push's gradients
+};
+
+class DeviceRowSink final : public RowSink {
+ public:
+  DeviceRowSink(RowSinkShape shape, std::unique_ptr<DeviceContext> context)
+      : shape_(std::move(shape)), context_(std::move(context)) {}
+
+  absl::StatusOr<std::vector<float*>> Rows(PipelineStep& s) override {
+    const size_t tables = shape_.table_dim.size();
+    if (!free_.empty()) {
+      s.dev = std::move(free_.back());
+      free_.pop_back();
+    } else {
+      EMBER_ASSIGN_OR_RETURN(s.dev, context_->NewStep());
+    }
+    std::vector<size_t> unique(tables);
+    for (size_t tb = 0; tb < tables; ++tb) unique[tb] = s.unique[tb].size();
+    EMBER_RETURN_IF_ERROR(s.dev->Prepare(s.batch, unique, s.inverse));
+    std::vector<float*> rows(tables);
+    for (size_t tb = 0; tb < tables; ++tb) rows[tb] = s.dev->StagedRows(tb);
+    return rows;
+  }
+
+  absl::Status Deliver(PipelineStep& s, const std::vector<float*>&) override {
+    return s.dev->Upload();
+  }
+
+  absl::StatusOr<std::vector<const float*>> Gradients(PipelineStep& s) override {
+    return s.dev->Gradients();
+  }
+
+  void Release(PipelineStep& s) override {
+    if (s.dev) free_.push_back(std::move(s.dev));
+  }
+
+ private:
+  const RowSinkShape shape_;
+  std::unique_ptr<DeviceContext> context_;
+  std::vector<std::unique_ptr<DeviceStep>> free_;  // device steps to reuse
+};
+
+}  // namespace
+
+std::unique_ptr<RowSink> NewHostRowSink(RowSinkShape shape, PipelineTelemetry* telemetry) {
+  return std::make_unique<HostRowSink>(std::move(shape), telemetry);
+}
+
+absl::StatusOr<std::unique_ptr<RowSink>> NewDeviceRowSink(int device, RowSinkShape shape) {
+  DeviceStepShape device_shape{shape.table_dim, shape.feature_table, shape.combiner};
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceContext> context,
+                         NewDeviceContext(device, std::move(device_shape)));
+  return std::make_unique<DeviceRowSink>(std::move(shape), std::move(context));
+}
+
+}  // namespace ember
