@@ -2,9 +2,12 @@
 // ServingTable, and refused when damaged.
 #include "ember/serving_table.h"
 
+#include <unistd.h>
+
 #include <fstream>
 
 #include "common/file_system.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/embedding_store.h"
 #include "kernels/table_config_proto.h"
@@ -22,8 +25,15 @@ class ServingTableTest : public ::testing::Test {
     keys_ = {5, 17, 1000, ~uint64_t{0}};
     rows_ = {0.1f, 0.2f, 0.3f, 1.5f, -2.25f, 3.0f, 7.0f, 8.0f, 9.0f, -1.0f, -0.5f, 0.125f};
   }
+  // A file of this test's own: CTest runs the tests of this binary in
+  // parallel processes, which must not share a path.
+  static std::string TestFile(const char* suffix) {
+    return JoinPath(::testing::TempDir(),
+                    absl::StrCat(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                 "-", getpid(), suffix));
+  }
   std::string Write(DType dtype) {
-    const std::string path = JoinPath(::testing::TempDir(), "t.emb");
+    const std::string path = TestFile(".emb");
     EXPECT_OK(WriteServingTable(path, config_, keys_, rows_, dtype));
     return path;
   }
@@ -66,7 +76,7 @@ TEST_F(ServingTableTest, Fp16FileHoldsRowsRoundedToFp16) {
 }
 
 TEST_F(ServingTableTest, UnsortedKeysAndWrongShapesAreRefusedNamingTheField) {
-  const std::string path = JoinPath(::testing::TempDir(), "bad.emb");
+  const std::string path = TestFile("-bad.emb");
   std::vector<uint64_t> unsorted = {5, 3, 9, 10};
   absl::Status s = WriteServingTable(path, config_, unsorted, rows_, DType::kFp32);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
