@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,10 @@ ABSL_FLAG(std::string, pipelines, "1,4", "Concurrent step pipelines to measure, 
 ABSL_FLAG(int, steps, 200, "Step requests per pipeline per round.");
 ABSL_FLAG(int, rounds, 5, "Rounds per system (alternating); medians are reported.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension.");
+ABSL_FLAG(bool, merge_pipelines, false,
+          "For pipeline counts above 1, send what a StepMerger sends: each step of the "
+          "pipelines merged into one request per shard (and one MGET per shard for Redis), "
+          "from one thread, instead of one request per pipeline.");
 
 namespace ember::bench {
 namespace {
@@ -52,13 +57,33 @@ struct StepRequest {
   uint64_t payload = 0;      // key bytes sent + row bytes received by a lookup
 };
 
+// The batches of several pipelines' same step side by side: the node
+// step a StepMerger sends as one request per shard.
+Batch ConcatBatches(const std::vector<const Batch*>& parts) {
+  Batch out;
+  for (size_t f = 0; f < parts[0]->features.size(); ++f) {
+    FeatureBatch fb;
+    fb.offsets = {0};
+    for (const Batch* p : parts) {
+      const FeatureBatch& src = p->features[f];
+      for (size_t i = 1; i < src.offsets.size(); ++i) {
+        fb.offsets.push_back(fb.offsets.back() + src.offsets[i] - src.offsets[i - 1]);
+      }
+      fb.keys.insert(fb.keys.end(), src.keys.begin(), src.keys.end());
+    }
+    out.features.push_back(std::move(fb));
+  }
+  return out;
+}
+
 std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uint32_t shards,
-                                       uint32_t dim, int steps, BatchGenerator gen) {
-  std::vector<StepRequest> out(steps);
+                                       uint32_t dim, const std::vector<Batch>& batches) {
+  std::vector<StepRequest> out(batches.size());
   KeyDeduplicator dedup;
   std::vector<uint32_t> inverse;
-  for (StepRequest& r : out) {
-    Batch b = gen.Next();
+  for (size_t step = 0; step < out.size(); ++step) {
+    StepRequest& r = out[step];
+    const Batch& b = batches[step];
     r.lookup.resize(shards);
     r.push.resize(shards);
     r.redis_keys.resize(shards);
@@ -263,11 +288,28 @@ int Run() {
   const int rounds = absl::GetFlag(FLAGS_rounds);
   // sets[r][p]: pipeline p's steps in round r. Cycled: one set, every round
   // repeats it; fresh ids: a set per round, each step's keys new to the round.
+  // With --merge_pipelines, merged[n][r]: the steps of pipelines 0..n-1
+  // merged into one request per shard (one stream).
+  const bool merge = absl::GetFlag(FLAGS_merge_pipelines);
   std::vector<std::vector<std::vector<StepRequest>>> sets(workload.fresh_ids ? rounds : 1);
+  std::map<int, std::vector<std::vector<std::vector<StepRequest>>>> merged;
   for (size_t r = 0; r < sets.size(); ++r) {
+    std::vector<std::vector<Batch>> batches(max_p);
     for (int p = 0; p < max_p; ++p) {
-      sets[r].push_back(BuildRequests(features, shards, dim, steps,
-                                      workload.Generator(p, static_cast<int>(r))));
+      BatchGenerator gen = workload.Generator(p, static_cast<int>(r));
+      for (int i = 0; i < steps; ++i) batches[p].push_back(gen.Next());
+      sets[r].push_back(BuildRequests(features, shards, dim, batches[p]));
+    }
+    for (int n : pipeline_counts) {
+      if (!merge || n < 2) continue;
+      std::vector<Batch> node(steps);
+      for (int i = 0; i < steps; ++i) {
+        std::vector<const Batch*> parts;
+        for (int p = 0; p < n; ++p) parts.push_back(&batches[p][i]);
+        node[i] = ConcatBatches(parts);
+      }
+      merged[n].resize(sets.size());
+      merged[n][r].push_back(BuildRequests(features, shards, dim, node));
     }
   }
   std::vector<std::string> redis_addrs;
@@ -348,7 +390,10 @@ int Run() {
   std::printf("\n| pipelines | system | keys/s | unique rows/s | payload MB/s | p50 ms | p99 ms | "
               "p999 ms | CPU ms/step (bench + shards) |\n| --- | --- | --- | --- | --- | --- | --- | "
               "--- | --- |\n");
-  for (int pipelines : pipeline_counts) {
+  for (const int count : pipeline_counts) {
+    // Merged: one thread sends each node step's single request per shard.
+    const bool node = merge && count > 1;
+    const int pipelines = node ? 1 : count;
     std::vector<Sample> ember_lookup, ember_push, redis;
     std::vector<std::unique_ptr<RedisConns>> conns(pipelines);
     for (int p = 0; p < pipelines && !redis_addrs.empty(); ++p) {
@@ -356,7 +401,8 @@ int Run() {
       if (!ConnectRedis(redis_addrs, conns[p].get())) return 1;
     }
     for (int round = 0; round < rounds; ++round) {
-      const auto& streams = sets[workload.fresh_ids ? round : 0];
+      const auto& streams =
+          node ? merged[count][workload.fresh_ids ? round : 0] : sets[workload.fresh_ids ? round : 0];
       double cpu0 = ClusterCpuSeconds(**client);
       Sample lookup = RunThreads(streams, pipelines, [&](int p, size_t i) {
         std::vector<v1::LookupResponse> resp;
@@ -383,7 +429,8 @@ int Run() {
     }
     auto print = [&](const char* name, const Summary& s) {
       const std::string cpu = s.cpu_ms_per_step >= 0 ? absl::StrFormat("%.3f", s.cpu_ms_per_step) : "-";
-      std::printf("| %d | %s | %.0f | %.0f | %.1f | %.3f | %.3f | %.3f | %s |\n", pipelines, name,
+      std::printf("| %d%s | %s | %.0f | %.0f | %.1f | %.3f | %.3f | %.3f | %s |\n", count,
+                  node ? " merged" : "", name,
                   s.keys_per_s, s.unique_per_s, s.mb_per_s, s.p50, s.p99, s.p999, cpu.c_str());
     };
     const Summary el = Summarize(ember_lookup);
@@ -392,7 +439,8 @@ int Run() {
     if (!redis.empty()) {
       const Summary rs = Summarize(redis);
       print("Redis MGET", rs);
-      std::printf("| %d | Ember Lookup / Redis MGET | %.2fx | %.2fx | | | | | |\n", pipelines,
+      std::printf("| %d%s | Ember Lookup / Redis MGET | %.2fx | %.2fx | | | | | |\n", count,
+                  node ? " merged" : "",
                   el.keys_per_s / rs.keys_per_s, el.unique_per_s / rs.unique_per_s);
     }
     std::fflush(stdout);
