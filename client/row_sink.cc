@@ -108,9 +108,7 @@ std::unique_ptr<RowSink> NewHostRowSink(RowSinkShape shape, PipelineTelemetry* t
 }
 
 absl::StatusOr<std::unique_ptr<RowSink>> NewDeviceRowSink(int device, RowSinkShape shape) {
-  DeviceStepShape device_shape{shape.table_dim, shape.feature_table, shape.combiner};
-  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceContext> context,
-                         NewDeviceContext(device, std::move(device_shape)));
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceContext> context, NewDeviceContext(device, shape));
   return std::make_unique<DeviceRowSink>(std::move(shape), std::move(context));
 }
 

@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,12 +21,8 @@
 
 namespace ember {
 
-// Per-pipeline constants a sink needs.
-struct RowSinkShape {
-  std::vector<uint32_t> table_dim;    // per table
-  std::vector<int> feature_table;     // per feature: index into table_dim
-  std::vector<Combiner> combiner;     // per feature
-};
+// Per-pipeline constants a sink needs: the device path's.
+using RowSinkShape = DeviceStepShape;
 
 class RowSink {
  public:

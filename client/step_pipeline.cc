@@ -72,7 +72,7 @@ class StepPipeline::Impl {
       sink_ = NewHostRowSink(std::move(shape), &*telemetry_);
     }
     // With a merger, every rank's network thread must offer the same
-    // exchanges in the same order: NextExchange pairs by call order only.
+    // exchanges in the same order: the scheduler pairs by call order only.
     if (StepMerger* m = options_.merger) {
       if (node_) {
         return absl::InvalidArgumentError(
