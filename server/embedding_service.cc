@@ -121,17 +121,20 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
   // may need it); the lookup after it, inline or on the pool.
   const absl::Time start = absl::Now();
   const absl::Status pushed = shard_->ExchangePush(*request, response);
-  if (!pushed.ok() || !request->has_lookup()) {
-    reactor->Finish(MeasuredCall(metrics_, ShardMetrics::Rpc::kExchange, [&] { return pushed; }));
-    return reactor;
-  }
-  RunLookup(shard_->MayWait(request->lookup()), [this, reactor, context, request, response, start] {
-    const absl::Status status = shard_->ExchangeLookup(*request, response, Deadline(context));
+  // The call's latency counts from `start`, push included, wherever it ends.
+  auto finish = [this, reactor, start](const absl::Status& status) {
     if (metrics_ != nullptr) {
       metrics_->RecordCall(ShardMetrics::Rpc::kExchange, status.code(),
                            absl::ToDoubleSeconds(absl::Now() - start));
     }
     reactor->Finish(ToGrpcStatus(status));
+  };
+  if (!pushed.ok() || !request->has_lookup()) {
+    finish(pushed);
+    return reactor;
+  }
+  RunLookup(shard_->MayWait(request->lookup()), [this, context, request, response, finish] {
+    finish(shard_->ExchangeLookup(*request, response, Deadline(context)));
   });
   return reactor;
 }
