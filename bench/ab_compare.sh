@@ -5,13 +5,16 @@
 #   bench/ab_compare.sh server  A/ember-server  B/ember-server   # shards' CPU ms per step
 #   bench/ab_compare.sh trainer A/ember-trainer B/ember-trainer  # steps/s, prefetch on
 #   bench/ab_compare.sh build   A_BUILD_DIR     B_BUILD_DIR [trainer flags...]
+#   bench/ab_compare.sh flags   "A FLAGS"       "B FLAGS"   [trainer flags...]
 # `server` and `trainer` take the other program from $EMBER_BUILD_DIR
 # (default build/). `build` runs each build's own ember-server and
 # ember-trainer (e.g. a checkout of an older commit built into its own
 # directory): per round and build, the prefetch-on rows (steps/s, efficiency,
 # wait p99, trainer CPU) and the CPU per pipeline-step of the trainer, of
 # the shards (from /proc, so older builds are measured the same way) and of
-# both. Rounds: $EMBER_ROUNDS (default 3).
+# both. `flags` does the same with one build ($EMBER_BUILD_DIR) and two
+# sets of trainer flags (e.g. "--exchange_streams=false" "--exchange_streams=true").
+# Rounds: $EMBER_ROUNDS (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE="$1"; A="$2"; B="$3"
@@ -41,15 +44,16 @@ for ((round = 1; round <= ROUNDS; round++)); do
       echo "round $round $bin: shards' CPU $(( (after - before) * 1000 / HZ )) ms" \
         "for $steps steps = $(awk -v t=$((after - before)) -v s="$steps" -v hz="$HZ" \
         'BEGIN {printf "%.3f", t * 1000 / hz / s}') ms/step"
-    elif [ "$MODE" = build ]; then
-      EMBER_SERVER_BIN="$bin/server/ember-server" start_shards 2 --worker_threads=4 >/dev/null
-      trainer="$bin/bench/ember-trainer"
+    elif [ "$MODE" = build ] || [ "$MODE" = flags ]; then
+      if [ "$MODE" = build ]; then dir="$bin"; flags=(); else dir="$BUILD"; read -ra flags <<<"$bin"; fi
+      EMBER_SERVER_BIN="$dir/server/ember-server" start_shards 2 --worker_threads=4 >/dev/null
+      trainer="$dir/bench/ember-trainer"
       # Warm the tables first, untimed, so that both builds serve hot keys.
-      "$trainer" --shards="$SHARD_ADDRESSES" --seconds=1 --compute_ms=1 --warmup_seconds=3 "$@" \
-        >/dev/null
+      "$trainer" --shards="$SHARD_ADDRESSES" --seconds=1 --compute_ms=1 --warmup_seconds=3 \
+        ${flags[@]+"${flags[@]}"} "$@" >/dev/null
       before=$(shard_ticks)
       out=$("$trainer" --shards="$SHARD_ADDRESSES" --seconds=4 --pipelines=4 \
-        --compute_ms=0.5,1 --warmup_seconds=0 "$@")
+        --compute_ms=0.5,1 --warmup_seconds=0 ${flags[@]+"${flags[@]}"} "$@")
       after=$(shard_ticks)
       rows=$(echo "$out" | grep -E '\| prefetch o(n|ff) \|')
       # Columns: 5 steps/s, 7 wait mean, 8 wait p99, 9 efficiency, 13 trainer CPU ms/step.

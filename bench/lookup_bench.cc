@@ -50,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 // One step of one pipeline, ready to send.
 struct StepRequest {
   std::vector<v1::LookupRequest> lookup;  // per shard
+  std::vector<v1::ExchangeRequest> exchange;  // per shard: the same lookup, for a stream
   std::vector<v1::PushRequest> push;      // per shard, same keys
   std::vector<std::vector<uint64_t>> redis_keys;  // per shard: every table's keys, concatenated
   uint64_t keys = 0;         // ids in the batch
@@ -108,6 +109,10 @@ std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uin
         r.unique += per_shard[s].size();
         r.payload += per_shard[s].size() * (8 + dim * 4);
       }
+    }
+    r.exchange.resize(shards);
+    for (uint32_t s = 0; s < shards; ++s) {
+      if (r.lookup[s].tables_size() > 0) *r.exchange[s].mutable_lookup() = r.lookup[s];
     }
   }
   return out;
@@ -394,7 +399,7 @@ int Run() {
     // Merged: one thread sends each node step's single request per shard.
     const bool node = merge && count > 1;
     const int pipelines = node ? 1 : count;
-    std::vector<Sample> ember_lookup, ember_push, redis;
+    std::vector<Sample> ember_lookup, ember_stream, ember_push, redis;
     std::vector<std::unique_ptr<RedisConns>> conns(pipelines);
     for (int p = 0; p < pipelines && !redis_addrs.empty(); ++p) {
       conns[p] = std::make_unique<RedisConns>();
@@ -409,6 +414,12 @@ int Run() {
         return (*client)->Lookup(streams[p][i].lookup, &resp).ok();
       });
       ember_lookup.push_back(WithCpu(std::move(lookup), cpu0, ClusterCpuSeconds(**client)));
+      cpu0 = ClusterCpuSeconds(**client);
+      Sample streamed = RunThreads(streams, pipelines, [&](int p, size_t i) {
+        std::vector<v1::ExchangeResponse> resp;
+        return (*client)->Exchange(streams[p][i].exchange, &resp).ok();
+      });
+      ember_stream.push_back(WithCpu(std::move(streamed), cpu0, ClusterCpuSeconds(**client)));
       if (!redis_addrs.empty()) {
         redis.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
           return RedisMget(*conns[p], streams[p][i], row_bytes, nullptr);
@@ -420,7 +431,7 @@ int Run() {
         return (*client)->Push(streams[p][i].push, &resp).ok();
       });
       ember_push.push_back(WithCpu(std::move(push), cpu0, ClusterCpuSeconds(**client)));
-      for (auto* v : {&ember_lookup, &ember_push, &redis}) {
+      for (auto* v : {&ember_lookup, &ember_stream, &ember_push, &redis}) {
         if (!v->empty() && v->back().seconds < 0) {
           std::fprintf(stderr, "a request failed\n");
           return 1;
@@ -435,6 +446,8 @@ int Run() {
     };
     const Summary el = Summarize(ember_lookup);
     print("Ember Lookup (gRPC)", el);
+    const Summary es = Summarize(ember_stream);
+    print("Ember lookup on ExchangeStream", es);
     print("Ember Push (gRPC)", Summarize(ember_push));
     if (!redis.empty()) {
       const Summary rs = Summarize(redis);
@@ -442,6 +455,9 @@ int Run() {
       std::printf("| %d%s | Ember Lookup / Redis MGET | %.2fx | %.2fx | | | | | |\n", count,
                   node ? " merged" : "",
                   el.keys_per_s / rs.keys_per_s, el.unique_per_s / rs.unique_per_s);
+      std::printf("| %d%s | Ember stream / Redis MGET | %.2fx | %.2fx | | | | | |\n", count,
+                  node ? " merged" : "",
+                  es.keys_per_s / rs.keys_per_s, es.unique_per_s / rs.unique_per_s);
     }
     std::fflush(stdout);
   }

@@ -50,6 +50,9 @@ ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: a
 ABSL_FLAG(bool, merge_pipelines, true,
           "The pipelines share a StepMerger: one request per shard per node step for all of them "
           "(false: each pipeline sends its own).");
+ABSL_FLAG(bool, exchange_streams, true,
+          "Step exchanges travel on one long-lived ExchangeStream per shard (false: a unary "
+          "Exchange call per step and shard).");
 ABSL_FLAG(int, batches, 256,
           "Distinct batches per pipeline, drawn up front and cycled (unless --fresh_ids).");
 
@@ -275,6 +278,7 @@ int Run() {
   ClientOptions options;
   options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
   options.metrics = Metrics();
+  options.exchange_streams = absl::GetFlag(FLAGS_exchange_streams);
   std::unique_ptr<MetricsHttpServer> metrics_http;
   if (TrainerMetrics* metrics = Metrics()) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
@@ -313,11 +317,12 @@ int Run() {
   }
   const bool busy = absl::GetFlag(FLAGS_compute_mode) == "busy";
   const std::vector<double> computes = ParseList(absl::GetFlag(FLAGS_compute_ms));
-  std::printf("ember-trainer: %zu shards, pipelines %s%s, %s, dim %u, staleness %d, compute %s, "
-              "%.0f s per run, %u cores\n",
+  std::printf("ember-trainer: %zu shards, pipelines %s%s, %s, %s, dim %u, staleness %d, "
+              "compute %s, %.0f s per run, %u cores\n",
               options.shards.size(), absl::GetFlag(FLAGS_pipelines).c_str(),
               absl::GetFlag(FLAGS_merge_pipelines) ? " (merged: one request per shard per step)"
                                                    : " (each sends its own requests)",
+              options.exchange_streams ? "exchange streams" : "unary exchanges",
               workload.Describe().c_str(), dim, absl::GetFlag(FLAGS_staleness),
               busy ? "busy-wait" : "sleep", absl::GetFlag(FLAGS_seconds),
               std::thread::hardware_concurrency());

@@ -4,9 +4,11 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/exchange_stream.h"
 #include "client/request_plan.h"
 #include "common/key_hash.h"
 #include "common/status_macros.h"
@@ -60,6 +62,11 @@ class Latch {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return count_ == 0; });
   }
+  // False if `deadline` passed first.
+  bool WaitUntil(absl::Time deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return count_ == 0; });
+  }
 
  private:
   std::mutex mu_;
@@ -74,6 +81,10 @@ class Client::Impl {
   ClientOptions options;
   std::vector<std::unique_ptr<v1::EmbeddingService::Stub>> embedding;
   std::vector<std::unique_ptr<v1::AdminService::Stub>> admin;
+  // Per shard: open exchange streams, and whether the shard lacks
+  // ExchangeStream (an older server: Exchange then goes unary).
+  std::vector<std::unique_ptr<ExchangeStreamPool>> streams;
+  std::unique_ptr<std::atomic<bool>[]> unary_only;
   std::atomic<uint64_t> rpcs{0}, retries{0}, failures{0};
 
   std::string ShardName(uint32_t shard) const {
@@ -86,7 +97,9 @@ class Client::Impl {
   // Sends requests[i] to every shard i with active[i], in parallel, each
   // attempt with its own deadline; retries UNAVAILABLE ones with backoff
   // while the retry budget lasts. `issue(shard, context, request, response,
-  // done)` starts one asynchronous call. Every attempt goes to the metrics
+  // done)` starts one asynchronous call; if it returns a canceller (calls on
+  // a stream, whose deadline gRPC does not enforce per message), that is
+  // run for calls still open at the deadline. Every attempt goes to the metrics
   // (if any) and, when `calls` is given, is appended to it.
   template <typename Req, typename Resp, typename IssueFn>
   absl::Status CallShards(absl::string_view method, absl::Span<const Req> requests,
@@ -107,22 +120,35 @@ class Client::Impl {
       std::vector<grpc::Status> statuses(pending.size());
       std::vector<absl::Time> starts(pending.size()), ends(pending.size());
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(pending.size());
+      std::vector<std::function<void()>> cancels(pending.size());
       Latch latch(static_cast<int>(pending.size()));
-      const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+      const absl::Time deadline = absl::Now() + timeout;
       for (size_t j = 0; j < pending.size(); ++j) {
         const uint32_t shard = pending[j];
         contexts[j] = std::make_unique<grpc::ClientContext>();
-        contexts[j]->set_deadline(deadline);
+        contexts[j]->set_deadline(absl::ToChronoTime(deadline));
         (*responses)[shard].Clear();
         ++rpcs;
         if (attempt > 0) ++retries;
         starts[j] = absl::Now();
-        issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard],
-              [&statuses, &ends, &latch, j](grpc::Status s) {
-                ends[j] = absl::Now();
-                statuses[j] = std::move(s);
-                latch.CountDown();
-              });
+        auto done = [&statuses, &ends, &latch, j](grpc::Status s) {
+          ends[j] = absl::Now();
+          statuses[j] = std::move(s);
+          latch.CountDown();
+        };
+        using Issued = decltype(issue(shard, contexts[j].get(), &requests[shard],
+                                      &(*responses)[shard], std::move(done)));
+        if constexpr (std::is_void_v<Issued>) {
+          issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard], std::move(done));
+        } else {
+          cancels[j] =
+              issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard], std::move(done));
+        }
+      }
+      if (!latch.WaitUntil(deadline)) {
+        for (const auto& cancel : cancels) {
+          if (cancel) cancel();
+        }
       }
       latch.Wait();
       for (size_t j = 0; j < pending.size(); ++j) {
@@ -210,7 +236,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
     impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
     impl->admin.push_back(v1::AdminService::NewStub(channel));
+    impl->streams.push_back(
+        std::make_unique<ExchangeStreamPool>(impl->embedding.back().get(), options.rpc_timeout));
   }
+  impl->unary_only = std::make_unique<std::atomic<bool>[]>(options.shards.size());
   std::vector<v1::GetShardInfoResponse> infos;
   // wait_for_ready: a shard may still be starting.
   EMBER_RETURN_IF_ERROR(impl->ShardInfos(options.connect_timeout, /*wait_for_ready=*/true, &infos));
@@ -323,13 +352,46 @@ absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
   for (uint32_t i = 0; i < shard_count(); ++i) {
     active[i] = requests[i].has_push() || requests[i].has_lookup();
   }
-  return impl_->CallShards(
+  if (!impl_->options.exchange_streams) {
+    return impl_->CallShards(
+        "Exchange", requests, active, responses, impl_->options.rpc_timeout,
+        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* req,
+            v1::ExchangeResponse* resp, std::function<void(grpc::Status)> done) {
+          impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+        },
+        calls);
+  }
+  // Streams are held by this call until every attempt has ended, so that a
+  // canceller never reaches a stream another caller took from the pool.
+  std::vector<std::pair<uint32_t, std::unique_ptr<ExchangeStream>>> held;
+  absl::Status status = impl_->CallShards(
       "Exchange", requests, active, responses, impl_->options.rpc_timeout,
       [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* req,
-          v1::ExchangeResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+          v1::ExchangeResponse* resp,
+          std::function<void(grpc::Status)> done) -> std::function<void()> {
+        auto unary = [this, shard, ctx, req, resp](std::function<void(grpc::Status)> done) {
+          impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+        };
+        if (impl_->unary_only[shard].load()) {
+          unary(std::move(done));
+          return nullptr;
+        }
+        held.emplace_back(shard, impl_->streams[shard]->Acquire());
+        ExchangeStream* stream = held.back().second.get();
+        stream->Send(req, resp,
+                     [this, shard, stream, unary, done = std::move(done)](grpc::Status s) mutable {
+                       if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && !stream->answered()) {
+                         impl_->unary_only[shard] = true;  // a shard from before streams
+                         unary(std::move(done));
+                         return;
+                       }
+                       done(std::move(s));
+                     });
+        return [stream] { stream->CancelForDeadline(); };
       },
       calls);
+  for (auto& [shard, stream] : held) impl_->streams[shard]->Release(std::move(stream));
+  return status;
 }
 
 absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {

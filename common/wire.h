@@ -28,6 +28,10 @@ inline absl::Span<const uint64_t> KeysView(absl::string_view bytes,
   return {storage->data(), n};
 }
 
+// Metadata of an ExchangeStream: how long each of its exchanges may wait for
+// the consistency clock, in decimal milliseconds (see the .proto).
+inline constexpr char kExchangeTimeoutMetadata[] = "ember-exchange-timeout-ms";
+
 // Packs keys into a wire `bytes` field.
 inline std::string PackKeys(absl::Span<const uint64_t> keys) {
   return std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);

@@ -1,6 +1,8 @@
 #include "server/embedding_service.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "common/wire.h"
 #include "server/grpc_status.h"
 
 namespace ember {
@@ -18,6 +20,38 @@ absl::Time Deadline(const grpc::ServerContextBase* context) {
              ? absl::InfiniteFuture()
              : absl::FromChrono(context->deadline());
 }
+
+// How long one exchange of a stream may wait for the consistency clock: the
+// stream's ember-exchange-timeout-ms metadata; without it (or unreadable),
+// no bound here (the shard's --max_ssp_wait still is one).
+absl::Duration StreamExchangeTimeout(const grpc::ServerContextBase* context) {
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find(kExchangeTimeoutMetadata);
+  int64_t ms = 0;
+  if (it == metadata.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms) || ms <= 0) {
+    return absl::InfiniteDuration();
+  }
+  return absl::Milliseconds(ms);
+}
+
+// Counts a stream in the metrics for its life.
+class OpenStream {
+ public:
+  explicit OpenStream(ShardMetrics* metrics) : metrics_(metrics) {
+    if (metrics_ == nullptr) return;
+    metrics_->exchange_streams_opened.Add();
+    metrics_->exchange_streams_open.Add(1);
+  }
+  ~OpenStream() {
+    if (metrics_ != nullptr) metrics_->exchange_streams_open.Add(-1);
+  }
+  OpenStream(const OpenStream&) = delete;
+  OpenStream& operator=(const OpenStream&) = delete;
+
+ private:
+  ShardMetrics* metrics_;
+};
 
 // Runs `call`, then counts it per method and status code with its latency.
 template <typename Call>
@@ -56,6 +90,27 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
   if (Expired(context)) return kExpired;
   return Measured(ShardMetrics::Rpc::kExchange,
                   [&] { return shard_->Exchange(*request, response, Deadline(context)); });
+}
+
+grpc::Status EmbeddingServiceImpl::ExchangeStream(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ExchangeResponse, v1::ExchangeRequest>* stream) {
+  const OpenStream open(metrics_);
+  const absl::Duration timeout = StreamExchangeTimeout(context);
+  // Reused from step to step: their buffers keep their capacity.
+  v1::ExchangeRequest request;
+  v1::ExchangeResponse response;
+  while (stream->Read(&request)) {
+    const absl::Time deadline = std::min(Deadline(context), absl::Now() + timeout);
+    grpc::Status status = Measured(ShardMetrics::Rpc::kExchange,
+                                   [&] { return shard_->Exchange(request, &response, deadline); });
+    if (!status.ok()) return status;
+    if (!stream->Write(response)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+    }
+    response.Clear();
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext*,
@@ -109,6 +164,28 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Push(grpc::CallbackServerCon
   return reactor;
 }
 
+void EmbeddingCallbackService::RunExchange(const v1::ExchangeRequest* request,
+                                           v1::ExchangeResponse* response, absl::Time deadline,
+                                           std::function<void(const absl::Status&)> finish) {
+  const absl::Time start = absl::Now();
+  auto measured = [this, start, finish = std::move(finish)](const absl::Status& status) {
+    if (metrics_ != nullptr) {
+      metrics_->RecordCall(ShardMetrics::Rpc::kExchange, status.code(),
+                           absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    finish(status);
+  };
+  const absl::Status pushed = shard_->ExchangePush(*request, response);
+  if (!pushed.ok() || !request->has_lookup()) {
+    measured(pushed);
+    return;
+  }
+  RunLookup(shard_->MayWait(request->lookup()),
+            [this, request, response, deadline, measured = std::move(measured)] {
+              measured(shard_->ExchangeLookup(*request, response, deadline));
+            });
+}
+
 grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServerContext* context,
                                                              const v1::ExchangeRequest* request,
                                                              v1::ExchangeResponse* response) {
@@ -117,26 +194,61 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
     reactor->Finish(kExpired);
     return reactor;
   }
-  // The push here and now (it never waits, and a waiting lookup elsewhere
-  // may need it); the lookup after it, inline or on the pool.
-  const absl::Time start = absl::Now();
-  const absl::Status pushed = shard_->ExchangePush(*request, response);
-  // The call's latency counts from `start`, push included, wherever it ends.
-  auto finish = [this, reactor, start](const absl::Status& status) {
-    if (metrics_ != nullptr) {
-      metrics_->RecordCall(ShardMetrics::Rpc::kExchange, status.code(),
-                           absl::ToDoubleSeconds(absl::Now() - start));
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  };
-  if (!pushed.ok() || !request->has_lookup()) {
-    finish(pushed);
-    return reactor;
-  }
-  RunLookup(shard_->MayWait(request->lookup()), [this, context, request, response, finish] {
-    finish(shard_->ExchangeLookup(*request, response, Deadline(context)));
-  });
+  RunExchange(request, response, Deadline(context),
+              [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
+}
+
+// One stream: read an exchange, run it, write its answer, read the next.
+// Only one operation is outstanding at a time, so the request and response
+// are reused (their buffers keep their capacity from step to step).
+class EmbeddingCallbackService::StreamReactor final
+    : public grpc::ServerBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse> {
+ public:
+  StreamReactor(EmbeddingCallbackService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context), open_(service->metrics_),
+        timeout_(StreamExchangeTimeout(context)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side (or went away)
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const absl::Time deadline = std::min(Deadline(context_), absl::Now() + timeout_);
+    service_->RunExchange(&request_, &response_, deadline, [this](const absl::Status& status) {
+      if (status.ok()) {
+        StartWrite(&response_);
+      } else {
+        Finish(ToGrpcStatus(status));
+      }
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+      return;
+    }
+    response_.Clear();
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  EmbeddingCallbackService* service_;
+  grpc::CallbackServerContext* context_;
+  const OpenStream open_;
+  const absl::Duration timeout_;
+  v1::ExchangeRequest request_;
+  v1::ExchangeResponse response_;
+};
+
+grpc::ServerBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse>*
+EmbeddingCallbackService::ExchangeStream(grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context);
 }
 
 grpc::ServerUnaryReactor* EmbeddingCallbackService::RegisterWorker(

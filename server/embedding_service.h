@@ -24,6 +24,10 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
                     v1::PushResponse* response) override;
   grpc::Status Exchange(grpc::ServerContext* context, const v1::ExchangeRequest* request,
                         v1::ExchangeResponse* response) override;
+  // One thread of the sync server per open stream, for the stream's life.
+  grpc::Status ExchangeStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ExchangeResponse, v1::ExchangeRequest>* stream) override;
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
@@ -60,6 +64,9 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
   grpc::ServerUnaryReactor* Exchange(grpc::CallbackServerContext* context,
                                      const v1::ExchangeRequest* request,
                                      v1::ExchangeResponse* response) override;
+  // A reactor per open stream; each exchange runs like a unary Exchange.
+  grpc::ServerBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse>* ExchangeStream(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override;
@@ -72,6 +79,15 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
   // lookup may wait.
   template <typename Work>
   void RunLookup(bool may_wait, Work work);
+
+  // Applies the push here and now (it never waits, and a waiting lookup
+  // elsewhere may need it), then runs the lookup inline or on the pool;
+  // `finish` gets the exchange's status, on whichever thread ends it, and
+  // records the call's latency from now.
+  void RunExchange(const v1::ExchangeRequest* request, v1::ExchangeResponse* response,
+                   absl::Time deadline, std::function<void(const absl::Status&)> finish);
+
+  class StreamReactor;
 
   Shard* shard_;
   ShardMetrics* metrics_;

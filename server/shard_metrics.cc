@@ -40,6 +40,13 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       registered_workers(r->AddGauge("ember_ssp_registered_workers",
                                      "Workers registered in the consistency clock.")
                              .With({})),
+      exchange_streams_opened(r->AddCounter("ember_exchange_streams_opened_total",
+                                            "ExchangeStream calls opened by trainers.")
+                                  .With({})),
+      exchange_streams_open(r->AddGauge("ember_exchange_streams_open",
+                                        "ExchangeStream calls open now (about one per trainer "
+                                        "process and shard in the steady state).")
+                                .With({})),
       registry_(r),
       calls_(r->AddCounter("ember_rpc_requests_total", "RPCs answered, by method and status code.",
                            {"rpc", "code"})),

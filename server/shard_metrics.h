@@ -62,6 +62,9 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_admission_dropped;
   metrics::Family<metrics::Gauge>& worker_lag;
   metrics::Gauge& registered_workers;
+  // ExchangeStream: streams opened since start, and open now.
+  metrics::Counter& exchange_streams_opened;
+  metrics::Gauge& exchange_streams_open;
 
   // Checkpoints: one finished (`kind` full or delta, `ok` or the status
   // code's name), and the last success's figures.

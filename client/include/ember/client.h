@@ -40,6 +40,10 @@ struct ClientOptions {
   absl::Duration retry_budget = absl::Seconds(30);
   absl::Duration initial_backoff = absl::Milliseconds(10);
   absl::Duration max_backoff = absl::Seconds(1);
+  // Exchange over one long-lived ExchangeStream per shard and concurrent
+  // caller (no per-call setup per step); false: one unary Exchange per call.
+  // A shard without ExchangeStream (older servers) gets unary calls either way.
+  bool exchange_streams = true;
   // Not owned; outlives the Client. Every RPC attempt is recorded there
   // (ember_trainer_rpc_duration_seconds and _attempts_total per shard).
   TrainerMetrics* metrics = nullptr;

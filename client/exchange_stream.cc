@@ -1,0 +1,153 @@
+#include "client/exchange_stream.h"
+
+#include <string>
+#include <utility>
+
+#include "common/wire.h"
+
+namespace ember {
+
+// A hold keeps gRPC from finishing the stream (OnDone) while it is idle, so
+// that Send never races with its end: a stream whose shard went away fails
+// the next exchange's read, and only then is the hold removed and the
+// stream's status delivered.
+ExchangeStream::ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout) {
+  if (exchange_timeout < absl::InfiniteDuration()) {
+    context_.AddMetadata(kExchangeTimeoutMetadata,
+                         std::to_string(absl::ToInt64Milliseconds(exchange_timeout)));
+  }
+  stub->async()->ExchangeStream(&context_, this);
+  AddHold();
+  StartCall();
+}
+
+ExchangeStream::~ExchangeStream() {
+  constexpr absl::Duration kGrace = absl::Seconds(1);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!hold_removed_) {  // still held: close our side, then let it finish
+    lock.unlock();
+    StartWritesDone();
+    RemoveHold();
+    lock.lock();
+  }
+  if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(kGrace), [this] { return finished_; })) {
+    context_.TryCancel();
+    cv_.wait(lock, [this] { return finished_; });
+  }
+}
+
+void ExchangeStream::Send(const v1::ExchangeRequest* request, v1::ExchangeResponse* response,
+                          std::function<void(grpc::Status)> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = std::move(done);
+    pending_ = 2;
+  }
+  StartRead(response);
+  StartWrite(request);
+}
+
+void ExchangeStream::CancelForDeadline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_ == nullptr) return;
+    deadline_cancel_ = true;
+  }
+  context_.TryCancel();
+}
+
+bool ExchangeStream::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_ || hold_removed_;
+}
+
+bool ExchangeStream::answered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return answered_;
+}
+
+void ExchangeStream::OnWriteDone(bool ok) {
+  if (!ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_failed_ = true;  // the read fails too, or has its answer already
+  }
+  OperationDone();
+}
+
+void ExchangeStream::OnReadDone(bool ok) {
+  if (ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answered_ = true;
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hold_removed_ = true;
+    }
+    RemoveHold();  // the stream's status comes with OnDone, which runs `done`
+    return;
+  }
+  OperationDone();
+}
+
+void ExchangeStream::OperationDone() {
+  std::function<void(grpc::Status)> done;
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_ > 0 || hold_removed_) return;  // failed: OnDone runs `done`
+    done = std::move(done_);
+    done_ = nullptr;
+    broken = write_failed_;
+    if (broken) hold_removed_ = true;  // finished for the pool; OnDone follows
+  }
+  if (broken) RemoveHold();
+  done(grpc::Status::OK);
+}
+
+void ExchangeStream::OnDone(const grpc::Status& status) {
+  std::function<void(grpc::Status)> done;
+  grpc::Status result = status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    done = std::move(done_);
+    done_ = nullptr;
+    if (deadline_cancel_) {
+      result = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            "Deadline Exceeded (no answer on the exchange stream in time)");
+    } else if (status.ok() && done != nullptr) {
+      // The shard ended the stream without answering (it is shutting down).
+      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the shard closed the exchange stream");
+    }
+  }
+  cv_.notify_all();
+  if (done != nullptr) done(std::move(result));
+}
+
+std::unique_ptr<ExchangeStream> ExchangeStreamPool::Acquire() {
+  std::vector<std::unique_ptr<ExchangeStream>> finished;
+  std::unique_ptr<ExchangeStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!idle_.empty() && stream == nullptr) {
+      std::unique_ptr<ExchangeStream> s = std::move(idle_.back());
+      idle_.pop_back();
+      if (s->finished()) {
+        finished.push_back(std::move(s));
+      } else {
+        stream = std::move(s);
+      }
+    }
+  }
+  finished.clear();  // closes them outside the lock
+  if (stream == nullptr) stream = std::make_unique<ExchangeStream>(stub_, exchange_timeout_);
+  return stream;
+}
+
+void ExchangeStreamPool::Release(std::unique_ptr<ExchangeStream> stream) {
+  if (stream->finished()) return;  // closed here, by its destructor
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(std::move(stream));
+}
+
+}  // namespace ember

@@ -1,0 +1,88 @@
+// The client's end of EmbeddingService.ExchangeStream: long-lived streams to
+// one shard, each carrying one exchange at a time, so that a trainer's
+// steady state pays no per-call setup per step.
+//
+// Internal to the client library (Client::Exchange uses it).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "ember/v1/embedding_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ember {
+
+// One open stream. Send() starts an exchange; `done` runs once, on a gRPC
+// thread, with OK when the answer is in `*response`, or with the status the
+// stream ended with. After a failure (or Cancel) the stream is finished and
+// must not be used again. Thread safety: one exchange at a time; Cancel may
+// be called from any thread while one is in flight.
+class ExchangeStream final
+    : public grpc::ClientBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse> {
+ public:
+  // Opens the stream; `exchange_timeout` goes to the shard as the stream's
+  // ember-exchange-timeout-ms (each exchange's bound on the consistency wait).
+  ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout);
+  // Closes the stream (the shard sees the end and answers OK) and waits for
+  // gRPC to be done with it, cancelling it if that takes longer than `grace`.
+  ~ExchangeStream() override;
+
+  // `request` and `response` must stay valid until `done` has run.
+  void Send(const v1::ExchangeRequest* request, v1::ExchangeResponse* response,
+            std::function<void(grpc::Status)> done);
+  // Ends the exchange in flight (if any) with DEADLINE_EXCEEDED and the
+  // stream with it; `done` still runs, soon.
+  void CancelForDeadline();
+  // The stream ended (failure, cancel, or the shard closed it).
+  bool finished() const;
+  // The stream answered at least one exchange (so the shard implements it).
+  bool answered() const;
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  // One of the exchange's two operations ended; the exchange succeeds when
+  // both have (the answer can arrive before gRPC reports the write done,
+  // and the next exchange may not start its write before that).
+  void OperationDone();
+
+  grpc::ClientContext context_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void(grpc::Status)> done_;  // set while an exchange is in flight
+  int pending_ = 0;            // operations of the exchange in flight (write, read)
+  bool write_failed_ = false;  // the stream broke after the request went out
+  bool hold_removed_ = false;  // the stream is ending: OnDone has (or will have) its status
+  bool deadline_cancel_ = false;
+  bool finished_ = false;      // OnDone ran
+  bool answered_ = false;
+};
+
+// Idle streams to one shard. Concurrent callers each get their own stream
+// (a new one when none is idle); a stream goes back after a successful
+// exchange and is dropped after a failed one. Thread-safe.
+class ExchangeStreamPool {
+ public:
+  ExchangeStreamPool(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout)
+      : stub_(stub), exchange_timeout_(exchange_timeout) {}
+
+  std::unique_ptr<ExchangeStream> Acquire();
+  // `stream` back for the next exchange; a finished one is closed instead.
+  void Release(std::unique_ptr<ExchangeStream> stream);
+
+ private:
+  v1::EmbeddingService::Stub* stub_;
+  const absl::Duration exchange_timeout_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<ExchangeStream>> idle_;
+};
+
+}  // namespace ember

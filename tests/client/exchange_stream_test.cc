@@ -1,0 +1,211 @@
+// Client::Exchange over EmbeddingService.ExchangeStream against real
+// ember-server processes: many steps share one stream per shard, rows come
+// out bit-identical to unary exchanges, a failed exchange ends only its own
+// stream, a deadline is enforced per exchange, and closing the client closes
+// its streams. The shards' own counters (ember_exchange_streams_*) say how
+// many streams were opened.
+#include <cstring>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "ember/client.h"
+#include "gtest/gtest.h"
+#include "tests/server/http_get.h"
+#include "tests/server/requests.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace ember::testing {
+namespace {
+
+constexpr uint32_t kShards = 2;
+constexpr uint32_t kDim = 8;
+
+// The value of the series `series` (name and labels exactly as exposed) in
+// a shard's /metrics text; -1 if absent.
+double MetricValue(const ServerProcess& shard, const std::string& series) {
+  absl::StatusOr<std::string> text = HttpGet(shard.metrics_port(), "/metrics");
+  EXPECT_OK(text);
+  if (!text.ok()) return -1;
+  std::istringstream lines(*text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+class ExchangeStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<Cluster> shards = StartCluster(kShards, {"--metrics_port=0"});
+    ASSERT_OK(shards);
+    shards_ = std::move(*shards);
+  }
+
+  std::unique_ptr<Client> Connect(bool streams, absl::Duration rpc_timeout = absl::Seconds(20)) {
+    ClientOptions o;
+    for (const auto& s : shards_) o.shards.push_back(s->address());
+    o.exchange_streams = streams;
+    o.rpc_timeout = rpc_timeout;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
+    EXPECT_OK(client);
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // Step t's exchange for `table`: gradients of step t - 1 (if t > 0) on
+  // half the keys, and a lookup of all of them, on every shard.
+  std::vector<v1::ExchangeRequest> StepRequests(const std::string& table, int t) {
+    std::vector<v1::ExchangeRequest> requests(kShards);
+    for (uint32_t s = 0; s < kShards; ++s) {
+      const std::vector<uint64_t> keys = OwnedKeys(s, kShards, 32, 1 + t % 3);
+      if (t > 0) {
+        const std::vector<uint64_t> pushed(keys.begin(), keys.begin() + 16);
+        std::vector<float> grads(pushed.size() * kDim);
+        for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>((i + t) % 7);
+        AddGradients(requests[s].mutable_push(), table, pushed, grads);
+        requests[s].mutable_push()->set_step(t - 1);
+      }
+      AddLookup(requests[s].mutable_lookup(), table, keys);
+    }
+    return requests;
+  }
+
+  Cluster shards_;
+};
+
+TEST_F(ExchangeStreamTest, ManyStepsTravelOnOneStreamPerShardWithRowsBitIdenticalToUnary) {
+  std::unique_ptr<Client> streamed = Connect(true);
+  std::unique_ptr<Client> unary = Connect(false);
+  ASSERT_NE(streamed, nullptr);
+  ASSERT_NE(unary, nullptr);
+  ASSERT_OK(streamed->CreateTable(AdagradTable("s", kDim)));
+  ASSERT_OK(streamed->CreateTable(AdagradTable("u", kDim)));  // same config, same seed
+  constexpr int kSteps = 30;
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<v1::ExchangeResponse> a, b;
+    ASSERT_OK(streamed->Exchange(StepRequests("s", t), &a));
+    ASSERT_OK(unary->Exchange(StepRequests("u", t), &b));
+    for (uint32_t s = 0; s < kShards; ++s) {
+      ASSERT_EQ(a[s].lookup().tables_size(), 1);
+      ASSERT_EQ(a[s].lookup().tables(0).rows(), b[s].lookup().tables(0).rows())
+          << "step " << t << " shard " << s;
+      EXPECT_EQ(a[s].push().tables_size(), t > 0 ? 1 : 0);
+    }
+  }
+  const std::vector<uint64_t> keys = OwnedKeys(0, kShards, 40);
+  absl::StatusOr<std::vector<float>> s_rows = streamed->LookupRows("s", keys);
+  absl::StatusOr<std::vector<float>> u_rows = unary->LookupRows("u", keys);
+  ASSERT_OK(s_rows);
+  ASSERT_OK(u_rows);
+  EXPECT_EQ(*s_rows, *u_rows);
+  for (const auto& shard : shards_) {
+    // One stream per shard for every step of the streamed client.
+    EXPECT_EQ(MetricValue(*shard, "ember_exchange_streams_opened_total"), 1);
+    EXPECT_EQ(MetricValue(*shard, "ember_exchange_streams_open"), 1);
+    // Both clients' exchanges are counted as Exchange calls.
+    EXPECT_EQ(MetricValue(*shard, "ember_rpc_requests_total{rpc=\"Exchange\",code=\"OK\"}"),
+              2 * kSteps);
+  }
+}
+
+// The answer can arrive before gRPC reports the request written; the next
+// exchange must still wait for that before it writes (gRPC aborts on two
+// writes in flight on one stream).
+TEST_F(ExchangeStreamTest, BackToBackExchangesOnOneStreamAllSucceed) {
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("s", kDim)));
+  // Large pushes (their writes take longer) with a one-key lookup (its
+  // answer comes fast).
+  std::vector<v1::ExchangeRequest> requests(kShards);
+  for (uint32_t s = 0; s < kShards; ++s) {
+    const std::vector<uint64_t> keys = OwnedKeys(s, kShards, 4096);
+    AddGradients(requests[s].mutable_push(), "s", keys,
+                 std::vector<float>(keys.size() * kDim, 0.001f));
+    AddLookup(requests[s].mutable_lookup(), "s", {keys[0]}, /*read_only=*/true);
+  }
+  std::vector<v1::ExchangeResponse> responses;
+  for (int i = 0; i < 300; ++i) ASSERT_OK(client->Exchange(requests, &responses)) << i;
+  for (const auto& shard : shards_) {
+    EXPECT_EQ(MetricValue(*shard, "ember_exchange_streams_opened_total"), 1);
+  }
+}
+
+TEST_F(ExchangeStreamTest, AFailedExchangeNamesTheTableChangesNothingAndOnlyItsStreamIsReplaced) {
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("s", kDim)));
+  std::vector<v1::ExchangeResponse> responses;
+  ASSERT_OK(client->Exchange(StepRequests("s", 0), &responses));
+  absl::StatusOr<uint64_t> rows_before = client->StoredRows("s");
+  ASSERT_OK(rows_before);
+  const std::vector<float> before = *client->LookupRows("s", OwnedKeys(1, kShards, 16));
+
+  // Step 1 pushes to "s" and to a table that does not exist.
+  std::vector<v1::ExchangeRequest> bad = StepRequests("s", 1);
+  for (auto& r : bad) {
+    AddGradients(r.mutable_push(), "nope", {7}, std::vector<float>(kDim, 1.0f));
+  }
+  absl::Status s = client->Exchange(bad, &responses);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("'nope'"), std::string::npos) << s;
+  EXPECT_EQ(*client->StoredRows("s"), *rows_before);
+  EXPECT_EQ(*client->LookupRows("s", OwnedKeys(1, kShards, 16)), before);
+
+  // The next exchange works, on a new stream per shard.
+  ASSERT_OK(client->Exchange(StepRequests("s", 1), &responses));
+  for (const auto& shard : shards_) {
+    EXPECT_EQ(MetricValue(*shard, "ember_exchange_streams_opened_total"), 2);
+    EXPECT_EQ(MetricValue(*shard, "ember_exchange_streams_open"), 1);
+  }
+}
+
+TEST_F(ExchangeStreamTest, AnExchangeWaitingPastTheRpcTimeoutFailsWithDeadlineExceededThenStreamsGoOn) {
+  constexpr absl::Duration kTimeout = absl::Milliseconds(500);
+  std::unique_ptr<Client> client = Connect(true, kTimeout);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("s", kDim)));
+  ASSERT_OK(client->RegisterWorker(1, 0));
+  ASSERT_OK(client->RegisterWorker(2, 0));
+  // Worker 1 asks for step 3 with staleness 0: it waits for worker 2's
+  // pushes of steps 0..2, which never come.
+  std::vector<v1::ExchangeRequest> waiting = StepRequests("s", 0);
+  for (auto& r : waiting) {
+    r.mutable_lookup()->set_step(3);
+    r.mutable_lookup()->set_worker_id(1);
+  }
+  std::vector<v1::ExchangeResponse> responses;
+  const absl::Time start = absl::Now();
+  absl::Status s = client->Exchange(waiting, &responses);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_GE(took, kTimeout - absl::Milliseconds(50));
+  EXPECT_LT(took, absl::Seconds(10));
+  ASSERT_OK(client->UnregisterWorker(2));
+  ASSERT_OK(client->Exchange(StepRequests("s", 0), &responses));
+  ASSERT_OK(client->UnregisterWorker(1));
+}
+
+TEST_F(ExchangeStreamTest, ClosingTheClientClosesItsStreamsOnEveryShard) {
+  {
+    std::unique_ptr<Client> client = Connect(true);
+    ASSERT_NE(client, nullptr);
+    ASSERT_OK(client->CreateTable(AdagradTable("s", kDim)));
+    std::vector<v1::ExchangeResponse> responses;
+    ASSERT_OK(client->Exchange(StepRequests("s", 0), &responses));
+    for (const auto& shard : shards_) {
+      EXPECT_EQ(MetricValue(*shard, "ember_exchange_streams_open"), 1);
+    }
+  }
+  for (const auto& shard : shards_) {
+    double open = -1;
+    for (int i = 0; i < 100 && open != 0; ++i) {  // the shard sees the end soon after
+      open = MetricValue(*shard, "ember_exchange_streams_open");
+      if (open != 0) absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(open, 0);
+  }
+}
+
+}  // namespace
+}  // namespace ember::testing
