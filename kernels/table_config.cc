@@ -1,6 +1,7 @@
 #include "kernels/table_config.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -33,7 +34,10 @@ absl::Status ValidateTableConfig(const TableConfig& c) {
   switch (in.kind) {
     case InitializerKind::kZeros: break;
     case InitializerKind::kConstant:
-      if (!Finite(in.value)) return Invalid(c, "initializer.constant.value", "expected finite");
+      if (!Finite(in.value)) {
+        return Invalid(c, "initializer.constant.value",
+                       absl::StrCat("expected finite, received ", in.value));
+      }
       break;
     case InitializerKind::kUniform:
       if (!Finite(in.min) || !Finite(in.max) || !(in.min < in.max)) {
@@ -68,14 +72,18 @@ absl::Status ValidateTableConfig(const TableConfig& c) {
                    absl::StrCat("expected beta1, beta2 in [0, 1), received ", o.beta1, ", ",
                                 o.beta2));
   }
-  if (!Finite(o.ftrl_beta) || o.ftrl_beta < 0 || !Finite(o.l1) || o.l1 < 0 || !Finite(o.l2) ||
-      o.l2 < 0) {
-    return Invalid(c, "optimizer.ftrl", "expected finite beta, l1, l2 >= 0");
+  const std::pair<const char*, float> ftrl[] = {
+      {"optimizer.ftrl.beta", o.ftrl_beta}, {"optimizer.ftrl.l1", o.l1}, {"optimizer.ftrl.l2", o.l2}};
+  for (const auto& [field, v] : ftrl) {
+    if (!Finite(v) || v < 0) {
+      return Invalid(c, field, absl::StrCat("expected finite >= 0, received ", v));
+    }
   }
   if (o.kind == OptimizerKind::kFtrl && o.ftrl_beta == 0 && o.initial_accumulator == 0 &&
       o.l2 == 0) {
     return Invalid(c, "optimizer.ftrl",
-                   "beta, initial_accumulator and l2 all 0 divide by zero on the first push");
+                   "expected beta, initial_accumulator or l2 > 0 (all 0 divide by zero on the "
+                   "first push), received beta 0, initial_accumulator 0, l2 0");
   }
   if (c.ttl.seconds > 0 && c.ttl.steps > 0) {
     return Invalid(c, "ttl", absl::StrCat("expected seconds or steps, not both; received seconds ",

@@ -79,7 +79,10 @@ absl::StatusOr<v1::TableConfig> NormalizeTableConfig(const v1::TableConfig& in) 
   }
   if (c.eviction() != v1::EVICTION_POLICY_NONE && c.eviction() != v1::EVICTION_POLICY_LRU &&
       c.eviction() != v1::EVICTION_POLICY_LFU) {
-    return Invalid(c, "eviction", absl::StrCat("unknown policy ", static_cast<int>(c.eviction())));
+    return Invalid(c, "eviction",
+                   absl::StrCat("expected EVICTION_POLICY_NONE, EVICTION_POLICY_LRU or "
+                                "EVICTION_POLICY_LFU, received ",
+                                static_cast<int>(c.eviction())));
   }
   if (c.eviction() != v1::EVICTION_POLICY_NONE && c.capacity() == 0) {
     return Invalid(c, "capacity", "an eviction policy needs a capacity > 0");

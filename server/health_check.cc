@@ -22,14 +22,26 @@ const char* ServingStatusName(int v) {
 
 }  // namespace
 
-absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
+                         const std::string& service) {
+  const std::string what =
+      absl::StrCat(address, " health check", service.empty() ? "" : " of ", service);
+  if (service.size() > 127) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a service name of at most 127 bytes, received ",
+                     service.size()));
+  }
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   grpc::CompletionQueue cq;
-  grpc::Slice empty;  // HealthCheckRequest{service: ""} encodes to no bytes
-  grpc::ByteBuffer request(&empty, 1), response;
+  // HealthCheckRequest{service}: field 1, length-delimited (0x0a, one-byte
+  // length, the name); the empty name encodes to no bytes.
+  const std::string encoded =
+      service.empty() ? "" : std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  grpc::Slice slice(encoded);
+  grpc::ByteBuffer request(&slice, 1), response;
   auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
   call->StartCall();
   grpc::Status status;
@@ -42,7 +54,7 @@ absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
   }
   if (!status.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat(address, " health check: ", status.error_message()));
+                        absl::StrCat(what, ": ", status.error_message()));
   }
   std::vector<grpc::Slice> slices;
   std::string bytes;
@@ -54,13 +66,12 @@ absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
   if (bytes.size() == 2 && bytes[0] == 0x08) {
     value = static_cast<unsigned char>(bytes[1]);
   } else if (!bytes.empty()) {
-    return absl::UnavailableError(absl::StrCat(address, " health check: expected a "
-                                               "HealthCheckResponse, received ", bytes.size(),
-                                               " bytes that are not one"));
+    return absl::UnavailableError(absl::StrCat(what, ": expected a HealthCheckResponse, received ",
+                                               bytes.size(), " bytes that are not one"));
   }
   if (value != 1) {
-    return absl::UnavailableError(absl::StrCat(address, " health check: expected SERVING, received ",
-                                               ServingStatusName(value)));
+    return absl::UnavailableError(
+        absl::StrCat(what, ": expected SERVING, received ", ServingStatusName(value)));
   }
   return absl::OkStatus();
 }

@@ -11,10 +11,13 @@
 
 namespace ember {
 
-// OK when the server at `address` ("host:port") answers SERVING for the
-// whole server (service ""). Otherwise UNAVAILABLE (or the call's own code,
-// e.g. DEADLINE_EXCEEDED) with a message naming the address and what was
-// received.
-absl::Status CheckHealth(const std::string& address, absl::Duration timeout);
+// OK when the server at `address` ("host:port") answers SERVING for
+// `service`: "" for the whole server, or a service's full name
+// ("ember.v1.EmbeddingService", "ember.v1.AdminService"). Otherwise
+// UNAVAILABLE (or the call's own code: NOT_FOUND for a service the server
+// does not know, DEADLINE_EXCEEDED) with a message naming the address, the
+// service and what was received.
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
+                         const std::string& service = "");
 
 }  // namespace ember

@@ -1,7 +1,7 @@
 // ember-healthcheck: exits 0 when a shard answers the gRPC health check with
 // SERVING, 1 otherwise (the reason on stderr). For Docker HEALTHCHECK,
 // compose and Kubernetes exec probes on clusters without gRPC probes.
-//   ember-healthcheck --address=127.0.0.1:50051 --timeout=2s
+//   ember-healthcheck --address=127.0.0.1:50051 --timeout=2s [--service=ember.v1.EmbeddingService]
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -11,11 +11,14 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "The shard's gRPC host:port.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(2), "Deadline of the check.");
+ABSL_FLAG(std::string, service, "",
+          "The service to check (e.g. ember.v1.EmbeddingService); empty: the whole server.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const absl::Status s =
-      ember::CheckHealth(absl::GetFlag(FLAGS_address), absl::GetFlag(FLAGS_timeout));
+      ember::CheckHealth(absl::GetFlag(FLAGS_address), absl::GetFlag(FLAGS_timeout),
+                         absl::GetFlag(FLAGS_service));
   if (!s.ok()) {
     std::fprintf(stderr, "ember-healthcheck: %s\n", s.ToString().c_str());
     return 1;

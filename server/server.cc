@@ -120,6 +120,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   const std::string target = absl::StrCat(options.address, ":", options.port);
   builder.AddListeningPort(target, grpc::InsecureServerCredentials(), &server->port_);
+  // gRPC sets SO_REUSEPORT by default: a second shard started on a taken
+  // port would then bind too, and the two would share its connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->services_->embedding());
   builder.RegisterService(&server->services_->admin);
   const int max_bytes = static_cast<int>(
@@ -135,9 +138,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                               std::max(options.worker_threads, 2) * 2);
   server->grpc_server_ = builder.BuildAndStart();
   if (!server->grpc_server_ || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", target));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", target, ": port ", options.port,
+        " is in use (or the address is not this machine's)"));
   }
-  server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  // Health by name too: probes and load balancers ask for a service.
+  grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  for (const char* service : {v1::EmbeddingService::service_full_name(),
+                              v1::AdminService::service_full_name()}) {
+    health->SetServingStatus(service, true);
+  }
   server->checkpointer_->StartPeriodic();
   server->maintenance_ = std::thread([s = server.get()] {
     const absl::Time start = absl::Now();

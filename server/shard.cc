@@ -343,6 +343,30 @@ void Shard::UnregisterWorker(const v1::UnregisterWorkerRequest& request,
 
 absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
                            absl::Time deadline) {
+  return LookupWithin(request, response, deadline, 0);
+}
+
+namespace {
+
+// Bytes a message field of `n` payload bytes takes: tag, length, payload.
+uint64_t FieldBytes(uint64_t n) {
+  uint64_t varint = 1;
+  for (uint64_t v = n; v >= 0x80; v >>= 7) ++varint;
+  return 1 + varint + n;
+}
+
+// At most the serialized size of the TableRows answering `table` with
+// `row_bytes` of rows: the rows and the name as fields, dtype, dim and
+// missing as varints (at most 11 bytes each with their tags), and the
+// entry's own tag and length in LookupResponse.
+uint64_t TableRowsBound(const std::string& table, uint64_t row_bytes) {
+  return FieldBytes(FieldBytes(table.size()) + FieldBytes(row_bytes) + 3 * 11);
+}
+
+}  // namespace
+
+absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupResponse* response,
+                                 absl::Time deadline, uint64_t reserved_bytes) {
   if (request.has_step() && request.step() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("field 'step': expected >= 0, received ", request.step()));
@@ -354,18 +378,21 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
   // Validate everything before the first row is read or inserted.
   std::vector<Resolved> resolved;
   resolved.reserve(request.tables_size());
-  uint64_t response_bytes = 0;
+  // The whole answer counts, framing included: gRPC refuses to send a
+  // message over the limit, and by then missing keys would be inserted.
+  uint64_t response_bytes = reserved_bytes;
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::TableLookup& t = request.tables(i);
     EMBER_RETURN_IF_ERROR(Resolve("Lookup", absl::StrCat("tables[", i, "]"), t.table(), t.keys(),
                                   t.dtype(), &resolved));
     const Resolved& r = resolved.back();
-    response_bytes += r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype);
+    response_bytes +=
+        TableRowsBound(t.table(), r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype));
   }
   if (response_bytes > options_.max_message_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("response would be ", response_bytes,
-                     " bytes of rows, limit max_message_bytes is ", options_.max_message_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "response would be up to ", response_bytes,
+        " bytes (rows and framing), limit max_message_bytes is ", options_.max_message_bytes));
   }
   if (request.has_step()) {
     const int64_t required = request.step() - int64_t{request.staleness()} - 1;
@@ -470,7 +497,10 @@ absl::Status Shard::ExchangePush(const v1::ExchangeRequest& request,
 absl::Status Shard::ExchangeLookup(const v1::ExchangeRequest& request,
                                    v1::ExchangeResponse* response, absl::Time deadline) {
   if (!request.has_lookup()) return absl::OkStatus();
-  absl::Status looked_up = Lookup(request.lookup(), response->mutable_lookup(), deadline);
+  // The push's answer and the two fields' framing share the message.
+  const uint64_t reserved = FieldBytes(response->push().ByteSizeLong()) + 1 + 10;
+  absl::Status looked_up =
+      LookupWithin(request.lookup(), response->mutable_lookup(), deadline, reserved);
   if (looked_up.ok() || !request.has_push()) return looked_up;
   return absl::Status(looked_up.code(),
                       absl::StrCat("push applied; lookup: ", looked_up.message()));

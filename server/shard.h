@@ -144,6 +144,11 @@ class Shard {
                         v1::UnregisterWorkerResponse* response);
 
  private:
+  // Lookup, with `reserved_bytes` of the response message already taken
+  // (an Exchange's push answer) counted against max_message_bytes.
+  absl::Status LookupWithin(const v1::LookupRequest& request, v1::LookupResponse* response,
+                            absl::Time deadline, uint64_t reserved_bytes);
+
   struct Table {
     v1::TableConfig config;  // normalized
     std::unique_ptr<EmbeddingStore> store;

@@ -39,9 +39,15 @@ absl::Status SspClock::Begin(uint32_t worker, int64_t step, Claim* claim) {
     *claim = Claim::kDuplicate;
     return absl::OkStatus();
   }
-  if (step - w.applied > kMaxStepsAhead) {
+  // step > applied >= -1 here; their difference as int64 overflows for
+  // step near 2^63 (2^63 - 1 - (-1)), as uint64 it does not.
+  if (static_cast<uint64_t>(step) - static_cast<uint64_t>(w.applied) >
+      static_cast<uint64_t>(kMaxStepsAhead)) {
+    const int64_t most = w.applied > std::numeric_limits<int64_t>::max() - kMaxStepsAhead
+                             ? std::numeric_limits<int64_t>::max()
+                             : w.applied + kMaxStepsAhead;
     return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", worker, " field 'step': expected at most ", w.applied + kMaxStepsAhead,
+        "worker ", worker, " field 'step': expected at most ", most,
         " (its pushes are applied up to step ", w.applied, "; every step must be pushed), received ",
         step));
   }

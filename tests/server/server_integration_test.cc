@@ -101,8 +101,14 @@ class ServerIntegrationTest : public ::testing::TestWithParam<std::string> {
 };
 std::string* ServerIntegrationTest::config_path_ = nullptr;
 
-TEST_P(ServerIntegrationTest, HealthServiceReportsServing) {
+TEST_P(ServerIntegrationTest, HealthServiceReportsServingForTheServerAndEachEmberService) {
   EXPECT_OK(CheckHealth(server_->address(), absl::Seconds(10)));
+  // Regression: only the empty name was known (NOT_FOUND for these).
+  EXPECT_OK(CheckHealth(server_->address(), absl::Seconds(10), "ember.v1.EmbeddingService"));
+  EXPECT_OK(CheckHealth(server_->address(), absl::Seconds(10), "ember.v1.AdminService"));
+  absl::Status unknown = CheckHealth(server_->address(), absl::Seconds(10), "no.such.Service");
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
+  EXPECT_NE(unknown.message().find("no.such.Service"), std::string::npos) << unknown;
 }
 
 TEST_P(ServerIntegrationTest, HealthcheckToolExitsZeroWhenServingAndOneNamingTheAddressWhenDown) {
@@ -283,6 +289,19 @@ TEST_P(ServerIntegrationTest, EveryBadInputGetsAClearStatusAndChangesNothing) {
   EXPECT_TRUE(server_->Running());
 }
 
+// Regression (found from outside): 32,768 keys at dim 8 are exactly 1 MiB
+// of rows; the answer's framing put it over the 1 MiB limit, gRPC refused
+// to send it, and every key had been inserted.
+TEST_P(ServerIntegrationTest, ALookupAnswerOverTheLimitByItsFramingIsRefusedAndInsertsNothing) {
+  const uint64_t before = Rows("clicks");
+  v1::LookupRequest req;
+  AddLookup(&req, "clicks", OwnedKeys(0, kShards, 32768, 1 << 20));
+  v1::LookupResponse resp;
+  ExpectError(Lookup(req, &resp), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              {"response would be up to", "limit max_message_bytes is 1048576"});
+  EXPECT_EQ(Rows("clicks"), before);
+}
+
 TEST_P(ServerIntegrationTest, DropAndRecreateTableOverTheWire) {
   v1::CreateTableRequest create;
   *create.mutable_config() = AdagradTable("tmp", 4);
@@ -316,6 +335,24 @@ TEST(ServerStartupTest, UnknownOrMissingDeviceMakesTheServerExitWithAnError) {
   p = ServerProcess::Start({"--device=cuda:99"}, absl::Seconds(20));
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kUnavailable) << p.status();
+}
+
+// Regression: gRPC's SO_REUSEPORT let a second server bind a port one
+// already listened on, and both answered on it.
+TEST(ServerStartupTest, ASecondServerOnATakenPortRefusesToStartNamingThePort) {
+  auto first = ServerProcess::Start({});
+  ASSERT_OK(first);
+  const std::string port = std::to_string((*first)->port());
+  std::string out;
+  // `timeout`: with the defect, the second server would serve for good.
+  const int rc = RunCommand({"timeout", "20", EMBER_SERVER_BIN, "--address=127.0.0.1",
+                             "--port=" + port, "--metrics_port=-1"},
+                            "", &out);
+  ASSERT_TRUE(WIFEXITED(rc)) << out;
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  EXPECT_NE(out.find("port " + port + " is in use"), std::string::npos) << out;
+  EXPECT_EQ(out.find("EMBER_READY"), std::string::npos) << out;
+  EXPECT_OK(CheckHealth((*first)->address(), absl::Seconds(10)));  // the first still serves
 }
 
 TEST(ServerStartupTest, InvalidFlagsMakeTheServerExitWithAnError) {

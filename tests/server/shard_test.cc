@@ -86,6 +86,33 @@ TEST_F(ShardTest, CreateTableWithoutOptimizerOrWithBadDimIsRejected) {
               absl::StatusCode::kInvalidArgument, {"'name'"});
 }
 
+// Regression: these four named the field but not the value received.
+TEST_F(ShardTest, BadOptimizerInitializerAndEvictionValuesAreQuotedInTheError) {
+  v1::CreateTableResponse r;
+  auto ftrl = [](float l1, float l2) {
+    v1::TableConfig c = AdagradTable("f", 4);
+    c.mutable_optimizer()->mutable_ftrl()->set_learning_rate(0.1f);
+    c.mutable_optimizer()->mutable_ftrl()->set_l1(l1);
+    c.mutable_optimizer()->mutable_ftrl()->set_l2(l2);
+    return c;
+  };
+  ExpectError(shard_.CreateTable(ftrl(-0.5f, 0), &r), absl::StatusCode::kInvalidArgument,
+              {"table 'f'", "'optimizer.ftrl.l1'", "expected finite >= 0", "received -0.5"});
+  ExpectError(shard_.CreateTable(ftrl(0, -2), &r), absl::StatusCode::kInvalidArgument,
+              {"table 'f'", "'optimizer.ftrl.l2'", "received -2"});
+  v1::TableConfig constant = AdagradTable("c", 4);
+  constant.mutable_initializer()->mutable_constant()->set_value(
+      std::numeric_limits<float>::infinity());
+  ExpectError(shard_.CreateTable(constant, &r), absl::StatusCode::kInvalidArgument,
+              {"table 'c'", "'initializer.constant.value'", "expected finite", "received inf"});
+  v1::TableConfig eviction = AdagradTable("e", 4);
+  eviction.set_capacity(100);
+  eviction.set_eviction(static_cast<v1::EvictionPolicy>(7));
+  ExpectError(shard_.CreateTable(eviction, &r), absl::StatusCode::kInvalidArgument,
+              {"table 'e'", "'eviction'", "EVICTION_POLICY_LRU", "received 7"});
+  for (const char* name : {"f", "c", "e"}) EXPECT_EQ(StoredRows(name), ~uint64_t{0}) << name;
+}
+
 TEST_F(ShardTest, ListTablesIsSortedAndDropTableRemoves) {
   v1::ListTablesResponse list;
   shard_.ListTables(&list);
@@ -218,8 +245,44 @@ TEST_F(ShardTest, OversizedResponseIsRefusedBeforeAnyWork) {
   v1::LookupResponse resp;
   AddLookup(&req, "wide", OwnedKeys(0, 2, 20));  // 20 x 4 KiB > 64 KiB
   ExpectError(shard_.Lookup(req, &resp), absl::StatusCode::kResourceExhausted,
-              {"81920 bytes", "limit", "65536"});
+              {"up to 81967 bytes", "limit", "65536"});
   EXPECT_EQ(StoredRows("wide"), 0u);
+}
+
+// Regression: only the rows were counted, so an answer over the limit by its
+// framing alone passed the check, gRPC then refused to send it, and the
+// missing keys had been inserted.
+TEST(ShardMessageLimitTest, AnswersOverTheLimitByFramingAreRefusedBeforeAnyInsert) {
+  ShardOptions o;
+  o.max_message_bytes = 64 * 1024;
+  Shard shard(o);
+  v1::CreateTableResponse created;
+  ASSERT_OK(shard.CreateTable(AdagradTable("t", 8), &created));
+  auto stored = [&] {
+    v1::ListTablesResponse list;
+    shard.ListTables(&list);
+    return list.tables(0).rows();
+  };
+  // 2048 keys x 32 bytes: the rows alone are exactly the limit.
+  v1::LookupRequest exact;
+  AddLookup(&exact, "t", OwnedKeys(0, 1, 2048));
+  v1::LookupResponse resp;
+  absl::Status s = shard.Lookup(exact, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("limit max_message_bytes is 65536"), std::string::npos) << s;
+  v1::ExchangeRequest exchange;
+  *exchange.mutable_lookup() = exact;
+  v1::ExchangeResponse exchanged;
+  EXPECT_EQ(shard.Exchange(exchange, &exchanged).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(stored(), 0u);
+  // Answers that pass the check fit the limit, framing included.
+  for (const size_t n : {1, 100, 1000, 2030}) {
+    v1::LookupRequest req;
+    AddLookup(&req, "t", OwnedKeys(0, 1, n, 1 + 10000 * n));
+    v1::LookupResponse fits;
+    ASSERT_OK(shard.Lookup(req, &fits)) << n;
+    EXPECT_LE(fits.ByteSizeLong(), o.max_message_bytes) << n;
+  }
 }
 
 TEST_F(ShardTest, ATableTwiceInOneRequestIsRejected) {

@@ -4,6 +4,7 @@
 // s = 1 it may indeed be answered one step stale.
 #include <atomic>
 #include <random>
+#include <limits>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -135,6 +136,23 @@ TEST_F(SspShardTest, SynchronousLookupWaitsForEveryWorkersPreviousStep) {
   reader.join();
   ASSERT_OK(seen);
   EXPECT_EQ(*seen, (std::vector<int>{1, 1})) << "s = 0 sees step 0 of both workers";
+}
+
+// Regression: step - applied overflowed for 2^63 - 1 - (-1), so a worker at
+// step -1 had a push at step 2^63 - 1 applied.
+TEST_F(SspShardTest, PushAtTheLargestStepIsRefusedAsTooFarAheadAndChangesNothing) {
+  Register(0);
+  for (const int64_t step : {std::numeric_limits<int64_t>::max(),
+                             std::numeric_limits<int64_t>::max() - 1, int64_t{1} << 62,
+                             SspClock::kMaxStepsAhead + 1}) {
+    absl::Status s = PushStep(0, step);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << step << ": " << s;
+    EXPECT_NE(s.message().find("expected at most 4095"), std::string::npos) << s;
+  }
+  absl::StatusOr<std::vector<int>> seen = LookupStep(0, 0, {0});
+  ASSERT_OK(seen);
+  EXPECT_EQ(*seen, (std::vector<int>{0})) << "no push was applied";
+  ASSERT_OK(PushStep(0, SspClock::kMaxStepsAhead - 1));  // the far edge of the window
 }
 
 TEST_F(SspShardTest, StalenessOneMayMissThePreviousStepButNeverTwo) {
