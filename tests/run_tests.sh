@@ -19,7 +19,7 @@ bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
   echo "== ThreadSanitizer: metrics, store, shard, SSP and client concurrency tests"
   EMBER_BUILD_DIR=build-tsan \
-    EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test" \
+    EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test exchange_stream_test" \
     scripts/build.sh -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/common_test --gtest_filter='Metrics*:-*Death*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
@@ -30,12 +30,14 @@ if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
   TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" build-tsan/tests/client_test
   TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
     build-tsan/tests/client_integration_test
+  TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
+    build-tsan/tests/exchange_stream_test
   unset EMBER_SERVER_BIN
 fi
 if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
   echo "== AddressSanitizer + UBSan: store, shard, server, client and checkpoint tests"
   EMBER_BUILD_DIR=build-asan \
-    EMBER_TARGETS="store_test shard_test server_integration_test client_test client_integration_test checkpoint_integration_test" \
+    EMBER_TARGETS="store_test shard_test server_integration_test client_test client_integration_test exchange_stream_test checkpoint_integration_test" \
     scripts/build.sh -DEMBER_ASAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
   build-asan/tests/store_test
@@ -43,6 +45,7 @@ if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
   build-asan/tests/server_integration_test
   build-asan/tests/client_test
   build-asan/tests/client_integration_test
+  build-asan/tests/exchange_stream_test
   build-asan/tests/checkpoint_integration_test
 fi
 echo "== all tests passed"
