@@ -1,5 +1,7 @@
 #include "kernels/embedding_store.h"
 
+#include "absl/container/flat_hash_set.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -60,11 +62,37 @@ absl::Status EmbeddingStore::ValidateRowBuffer(absl::string_view field, size_t n
   return absl::OkStatus();
 }
 
+namespace {
+
+// Distinct keys among those with found[i] == 0, given that `occurrences` of
+// them are not found. Costs in proportion to the missing keys only.
+size_t DistinctMissing(absl::Span<const uint64_t> keys, const uint8_t* found,
+                       size_t occurrences) {
+  if (occurrences <= 1) return occurrences;
+  absl::flat_hash_set<uint64_t> distinct;
+  distinct.reserve(occurrences);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!found[i]) distinct.insert(keys[i]);
+  }
+  return distinct.size();
+}
+
+}  // namespace
+
 absl::StatusOr<FindResult> EmbeddingStore::Find(absl::Span<const uint64_t> keys, DType out_dtype,
                                                 absl::Span<uint8_t> out, uint8_t* found) {
   EMBER_RETURN_IF_ERROR(ValidateRowBuffer("rows", keys.size(), out_dtype, out.size()));
   if (keys.empty()) return FindResult{};
-  return FindImpl(keys, out_dtype, out.data(), found, /*insert=*/false);
+  // The stores count missing occurrences; the contract counts distinct keys.
+  std::vector<uint8_t> own;
+  if (found == nullptr) {
+    own.resize(keys.size());
+    found = own.data();
+  }
+  EMBER_ASSIGN_OR_RETURN(FindResult result,
+                         FindImpl(keys, out_dtype, out.data(), found, /*insert=*/false));
+  result.missing = DistinctMissing(keys, found, result.missing);
+  return result;
 }
 
 absl::StatusOr<FindResult> EmbeddingStore::FindOrInsert(absl::Span<const uint64_t> keys,
@@ -84,6 +112,7 @@ absl::StatusOr<FindResult> EmbeddingStore::FindOrInsertAdmitted(absl::Span<const
   std::vector<uint8_t> found(keys.size());
   EMBER_ASSIGN_OR_RETURN(FindResult result,
                          FindImpl(keys, dtype, out, found.data(), /*insert=*/false));
+  result.missing = DistinctMissing(keys, found.data(), result.missing);
   std::vector<uint64_t> admitted;
   std::vector<size_t> positions;
   uint64_t rejected = 0;

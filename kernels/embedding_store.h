@@ -53,10 +53,10 @@ struct StoreStats {
 };
 
 struct FindResult {
-  // Key occurrences that were not stored when looked up. Find answers them
-  // with their initial row; FindOrInsert inserts them (a key repeated in one
-  // call counts once: later occurrences find the inserted row), except the
-  // ones admission turns away (config().admission), answered with their
+  // Distinct keys of the call that were not stored before it (a key
+  // repeated in one call counts once, in Find and FindOrInsert alike). Find
+  // answers them with their initial row; FindOrInsert inserts them, except
+  // the ones admission turns away (config().admission), answered with their
   // initial row.
   size_t missing = 0;
 };

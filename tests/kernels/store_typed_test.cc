@@ -52,6 +52,28 @@ TYPED_TEST(StoreTest, FindOfMissingKeyReturnsInitialRowWithoutStoringIt) {
   EXPECT_EQ(store->Stats().rows, 0u);
 }
 
+// Regression: Find counted every occurrence of a missing key, FindOrInsert
+// each distinct key once.
+TYPED_TEST(StoreTest, MissingCountsDistinctKeysInFindAndFindOrInsertAlike) {
+  auto store = this->MakeStore(SmallTable());
+  const std::vector<uint64_t> keys = {5, 9, 5, 5, 11, 9};
+  std::vector<float> out(keys.size() * store->config().dim);
+  auto read = store->Find(keys, DType::kFp32, MutableBytes(out));
+  ASSERT_OK(read);
+  EXPECT_EQ(read->missing, 3u);
+  std::vector<uint8_t> found(keys.size());
+  auto flagged = store->Find(keys, DType::kFp32, MutableBytes(out), found.data());
+  ASSERT_OK(flagged);
+  EXPECT_EQ(flagged->missing, 3u);
+  EXPECT_EQ(found, std::vector<uint8_t>(keys.size(), 0));
+  auto written = store->FindOrInsert(keys, DType::kFp32, MutableBytes(out));
+  ASSERT_OK(written);
+  EXPECT_EQ(written->missing, 3u);
+  auto again = store->Find(keys, DType::kFp32, MutableBytes(out));
+  ASSERT_OK(again);
+  EXPECT_EQ(again->missing, 0u);
+}
+
 TYPED_TEST(StoreTest, FindOrInsertStoresTheSameRowFindReturned) {
   auto store = this->MakeStore(SmallTable());
   std::vector<float> before = this->FindRows(*store, {100});
