@@ -147,6 +147,12 @@ int ember_client_connect(const ember_client_options* options, ember_client** out
   client_options.rpc_timeout = Seconds(options->rpc_timeout_s, client_options.rpc_timeout);
   client_options.connect_timeout = Seconds(options->connect_timeout_s, client_options.connect_timeout);
   if (options->retry_budget_s >= 0) client_options.retry_budget = absl::Seconds(options->retry_budget_s);
+  auto text = [](const char* s) { return s == nullptr ? std::string() : std::string(s); };
+  client_options.tls.enabled = options->tls_enabled != 0;
+  client_options.tls.ca_file = text(options->tls_ca_file);
+  client_options.tls.cert_file = text(options->tls_cert_file);
+  client_options.tls.key_file = text(options->tls_key_file);
+  client_options.tls.server_name = text(options->tls_server_name);
   auto client = ember::Client::Connect(client_options);
   if (!client.ok()) return Fail(client.status());
   *out = new ember_client{std::move(*client)};

@@ -37,6 +37,7 @@ absl::Status ClientOptions::Validate() const {
           absl::StrCat(name, ": expected > 0, received ", absl::FormatDuration(d)));
     }
   }
+  EMBER_RETURN_IF_ERROR(tls.Validate());
   if (retry_budget < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("retry_budget: expected >= 0, received ",
                                                    absl::FormatDuration(retry_budget)));
@@ -232,8 +233,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                         MakeChannelCredentials(options.tls, &args));
   for (const std::string& address : options.shards) {
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(address, credentials, args);
     impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
     impl->admin.push_back(v1::AdminService::NewStub(channel));
     impl->streams.push_back(
@@ -241,8 +244,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   impl->unary_only = std::make_unique<std::atomic<bool>[]>(options.shards.size());
   std::vector<v1::GetShardInfoResponse> infos;
-  // wait_for_ready: a shard may still be starting.
-  EMBER_RETURN_IF_ERROR(impl->ShardInfos(options.connect_timeout, /*wait_for_ready=*/true, &infos));
+  // wait_for_ready: a shard may still be starting. A refused TLS handshake
+  // looks the same from here as a shard that is not up yet.
+  if (absl::Status s = impl->ShardInfos(options.connect_timeout, /*wait_for_ready=*/true, &infos);
+      !s.ok()) {
+    if (!absl::IsDeadlineExceeded(s)) return s;
+    return absl::DeadlineExceededError(absl::StrCat(
+        s.message(), " (no connection within connect_timeout ",
+        absl::FormatDuration(options.connect_timeout), ": is the shard up, and do its TLS "
+        "settings match the client's: TLS ", options.tls.enabled ? "on" : "off",
+        options.tls.cert_file.empty() ? ", no client certificate" : ", a client certificate",
+        "?)"));
+  }
   const uint32_t n = static_cast<uint32_t>(options.shards.size());
   for (uint32_t i = 0; i < n; ++i) {
     const v1::GetShardInfoResponse& info = infos[i];

@@ -13,9 +13,10 @@ BUILD_PACKAGES=(
 )
 # Tests and tools: GoogleTest; Redis for the peer comparison; promtool and
 # Prometheus for the metrics tests; yamllint and kubectl for the manifests;
-# Python's venv and headers for the Python package (its wheels come from PyPI).
+# Python's venv and headers for the Python package (its wheels come from PyPI);
+# openssl makes the TLS tests' certificates.
 TEST_PACKAGES=(
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev openssl
   redis-server libhiredis-dev
   prometheus yamllint
   python3-venv python3-dev

@@ -23,7 +23,7 @@ const char* ServingStatusName(int v) {
 }  // namespace
 
 absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
-                         const std::string& service) {
+                         const std::string& service, const ClientTlsOptions& tls) {
   const std::string what =
       absl::StrCat(address, " health check", service.empty() ? "" : " of ", service);
   if (service.size() > 127) {
@@ -31,7 +31,11 @@ absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
         absl::StrCat(what, ": expected a service name of at most 127 bytes, received ",
                      service.size()));
   }
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(tls, &args);
+  if (!credentials.ok()) return credentials.status();
+  auto channel = grpc::CreateCustomChannel(address, *credentials, args);
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace ember {
 
@@ -17,7 +18,8 @@ namespace ember {
 // UNAVAILABLE (or the call's own code: NOT_FOUND for a service the server
 // does not know, DEADLINE_EXCEEDED) with a message naming the address, the
 // service and what was received.
+// `tls`: how to reach a shard that serves TLS (plaintext by default).
 absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
-                         const std::string& service = "");
+                         const std::string& service = "", const ClientTlsOptions& tls = {});
 
 }  // namespace ember

@@ -49,6 +49,11 @@ ABSL_FLAG(bool, checkpoint_on_exit, true,
 ABSL_FLAG(std::string, restore_from, "",
           "Restore before serving: 'latest' (newest valid checkpoint in --checkpoint_dir, "
           "none is fine) or a checkpoint directory.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of this shard: serve both services over TLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificate(s): mutual TLS, every client must present a certificate it signed.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
           "On SIGTERM/SIGINT, how long in-flight calls may finish.");
 
@@ -80,6 +85,9 @@ int main(int argc, char** argv) {
   options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.checkpoint.directory = absl::GetFlag(FLAGS_checkpoint_dir);

@@ -51,6 +51,7 @@ absl::Status ServerOptions::Validate() const {
         metrics_port));
   }
   EMBER_RETURN_IF_ERROR(checkpoint.Validate());
+  EMBER_RETURN_IF_ERROR(tls.Validate());
   if (restore_from == "latest" && checkpoint.directory.empty()) {
     return absl::InvalidArgumentError(
         "restore_from: 'latest' needs a checkpoint_dir, received none");
@@ -115,11 +116,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                     server->registry_.get()));
   }
 
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                         MakeServerCredentials(options.tls));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string target = absl::StrCat(options.address, ":", options.port);
-  builder.AddListeningPort(target, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(target, credentials, &server->port_);
   // gRPC sets SO_REUSEPORT by default: a second shard started on a taken
   // port would then bind too, and the two would share its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "server/checkpointer.h"
+#include "common/tls.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 
@@ -52,6 +53,8 @@ struct ServerOptions {
   // Restored before the tables of table_config_file are created and before
   // the shard serves.
   std::string restore_from;
+  // TLS / mutual TLS for both services (plaintext when not enabled).
+  ServerTlsOptions tls;
 
   absl::Status Validate() const;
 };

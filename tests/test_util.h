@@ -1,6 +1,8 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +44,13 @@ inline absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
 }
 inline absl::Span<uint8_t> MutableBytes(std::vector<float>& v) {
   return {reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(float)};
+}
+
+// A path in the test temp directory that no other test process uses: CTest
+// runs each test in its own process, two at a time, so a fixed name would be
+// written by one while another reads it.
+inline std::string TempPath(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name);
 }
 
 // Runs `args` (each single-quoted, so no quotes inside) through the shell,

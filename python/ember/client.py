@@ -28,8 +28,17 @@ class Client(_ember.Client):
     """
 
     def __init__(self, shards: Sequence[str], *, rpc_timeout: float = 10.0,
-                 connect_timeout: float = 10.0, retry_budget: float = 30.0):
-        super().__init__(list(shards), rpc_timeout, connect_timeout, retry_budget)
+                 connect_timeout: float = 10.0, retry_budget: float = 30.0,
+                 tls: bool = False, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None):
+        """Connects to every shard. With tls=True the connections use TLS:
+        tls_ca is the PEM CA of the shards' certificates (default: the
+        system's roots); tls_cert and tls_key a PEM client certificate and
+        key, for shards that require one (mutual TLS); tls_server_name the
+        name their certificates carry when it is not the address's host."""
+        super().__init__(list(shards), rpc_timeout, connect_timeout, retry_budget, tls,
+                         tls_ca or "", tls_cert or "", tls_key or "", tls_server_name or "")
         self._dims: Dict[str, int] = {}
 
     def create_table(self, name: str, dim: int, *, optimizer: Mapping[str, Any],

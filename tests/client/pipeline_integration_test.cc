@@ -443,7 +443,7 @@ TEST_F(PipelineIntegrationTest, UnknownTableAndMisorderedShardsAreRefusedWithCle
 
 TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHang) {
   // Tables come from a config file so that the restarted shard has them.
-  const std::string config = ::testing::TempDir() + "/pipeline_tables.textproto";
+  const std::string config = TempPath("pipeline_tables.textproto");
   {
     v1::TableConfigList list;
     *list.add_tables() = SmallTable("a", 1);
@@ -530,7 +530,7 @@ TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
   constexpr int64_t kSteps = 12;
   ASSERT_OK(Train(**pipe, kSteps, 0));
   ASSERT_OK((*pipe)->Close());
-  const std::string path = ::testing::TempDir() + "/ember_trace.json";
+  const std::string path = TempPath("ember_trace.json");
   ASSERT_OK(trace.WriteJson(path));
   std::ifstream in(path);
   const std::string json((std::istreambuf_iterator<char>(in)), {});

@@ -230,3 +230,29 @@ def test_packed_wait_and_push_equal_the_per_feature_ones(client):
                                a[1:2] - grads[0][1:2], rtol=1e-6)
     np.testing.assert_allclose(client.lookup_rows(t2, np.array([3], dtype=np.uint64)),
                                b[1:2] - grads[1][1:2], rtol=1e-6)
+
+
+def test_tls_and_mutual_tls_from_python(tmp_path):
+    """A shard under mutual TLS (certificates made by openssl now) serves a
+    client with a certificate its CA signed, and refuses one without."""
+    import os
+    import subprocess
+    script = os.path.join(os.path.dirname(__file__), "..", "server", "make_test_certs.sh")
+    subprocess.run(["bash", script, str(tmp_path)], check=True, capture_output=True)
+    pem = lambda name: str(tmp_path / name)  # noqa: E731
+    flags = [f"--tls_cert={pem('server.pem')}", f"--tls_key={pem('server.key')}",
+             f"--tls_client_ca={pem('ca.pem')}"]
+    from ember.local_cluster import LocalCluster
+    with LocalCluster(shards=1, extra_args=flags) as cluster:
+        client = ember.Client(cluster.addresses, tls=True, tls_ca=pem("ca.pem"),
+                              tls_cert=pem("client.pem"), tls_key=pem("client.key"))
+        client.create_table("t", 4, optimizer={"sgd": {"learning_rate": 0.1}},
+                            initializer={"zeros": {}})
+        assert client.stored_rows("t") == 0
+        with pytest.raises(ember.EmberError) as err:
+            ember.Client(cluster.addresses, connect_timeout=1.0, tls=True, tls_ca=pem("ca.pem"))
+        assert err.value.code == ember.StatusCode.DEADLINE_EXCEEDED
+        assert "TLS settings" in err.value.message
+        with pytest.raises(ember.EmberError) as err:
+            ember.Client(cluster.addresses, tls=True, tls_cert=pem("client.pem"))
+        assert err.value.code == ember.StatusCode.INVALID_ARGUMENT

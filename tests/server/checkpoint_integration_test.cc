@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Cluster& shards,
 }
 
 std::string TableConfigFile() {
-  const std::string path = ::testing::TempDir() + "/checkpoint_tables.textproto";
+  const std::string path = TempPath("checkpoint_tables.textproto");
   v1::TableConfigList list;
   for (const auto& t : kTables) *list.add_tables() = t;
   std::string text;
@@ -242,7 +242,7 @@ TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOld
   constexpr size_t kRows = 300000;
   constexpr int kRounds = 8;
   v1::TableConfig table = AdagradTable("big", 16);
-  const std::string config_path = ::testing::TempDir() + "/kill_tables.textproto";
+  const std::string config_path = TempPath("kill_tables.textproto");
   {
     v1::TableConfigList list;
     *list.add_tables() = table;
@@ -330,7 +330,7 @@ TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOld
 
 TEST(CheckpointIntegrationTest, PeriodicAndExitCheckpointsAreWrittenListedAndRestored) {
   const std::string dir = FreshDir("periodic");
-  const std::string config = ::testing::TempDir() + "/periodic_tables.textproto";
+  const std::string config = TempPath("periodic_tables.textproto");
   {
     v1::TableConfigList list;
     *list.add_tables() = AdagradTable("t", 4);

@@ -57,7 +57,7 @@ std::unique_ptr<grpc::ClientContext> Context() {
 class MetricsIntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string config = ::testing::TempDir() + "/metrics_tables.textproto";
+    const std::string config = TempPath("metrics_tables.textproto");
     std::ofstream(config) << R"pb(
       tables {
         name: "clicks"

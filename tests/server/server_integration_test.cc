@@ -31,7 +31,7 @@ constexpr uint64_t kMaxMessageBytes = 1 << 20;
 class ServerIntegrationTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    config_path_ = new std::string(::testing::TempDir() + "/ember_tables.textproto");
+    config_path_ = new std::string(TempPath("ember_tables.textproto"));
     std::ofstream(*config_path_) << R"pb(
       tables {
         name: "clicks"

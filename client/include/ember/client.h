@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/tls.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
 
@@ -44,6 +45,8 @@ struct ClientOptions {
   // caller (no per-call setup per step); false: one unary Exchange per call.
   // A shard without ExchangeStream (older servers) gets unary calls either way.
   bool exchange_streams = true;
+  // TLS or mutual TLS to the shards (common/tls.h); plaintext by default.
+  ClientTlsOptions tls;
   // Not owned; outlives the Client. Every RPC attempt is recorded there
   // (ember_trainer_rpc_duration_seconds and _attempts_total per shard).
   TrainerMetrics* metrics = nullptr;

@@ -48,6 +48,13 @@ typedef struct {
   double rpc_timeout_s;      /* <= 0: the library's default (10 s) */
   double connect_timeout_s;  /* <= 0: 10 s */
   double retry_budget_s;     /* < 0: 30 s; 0: no retries */
+  /* TLS to the shards (fields added after the ones above: zero-initialise
+   * the struct). tls_enabled 0: plaintext, and the files must be unset. */
+  int tls_enabled;
+  const char* tls_ca_file;      /* PEM CA of the shards; NULL or "": system roots */
+  const char* tls_cert_file;    /* PEM client certificate (mutual TLS); NULL: none */
+  const char* tls_key_file;     /* PEM key of tls_cert_file */
+  const char* tls_server_name;  /* name the shards' certificates carry; NULL: the host */
 } ember_client_options;
 
 EMBER_C_API int ember_client_connect(const ember_client_options* options, ember_client** out);
