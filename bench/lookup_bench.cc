@@ -32,6 +32,10 @@
 #include "ember/client.h"
 
 ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
+ABSL_FLAG(std::string, tls_shards, "",
+          "A second cluster of as many shards serving TLS (ember-server --tls_cert/--tls_key): "
+          "the same lookups are sent to it as well, round by round, to measure TLS's cost.");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of the --tls_shards' certificates.");
 ABSL_FLAG(std::string, redis, "", "Comma-separated redis-server host:port, one per shard; empty: no Redis.");
 ABSL_FLAG(std::string, pipelines, "1,4", "Concurrent step pipelines to measure, comma-separated.");
 ABSL_FLAG(int, steps, 200, "Step requests per pipeline per round.");
@@ -275,12 +279,29 @@ int Run() {
     return 1;
   }
   const uint32_t shards = (*client)->shard_count();
+  std::unique_ptr<Client> tls_client;
+  if (!absl::GetFlag(FLAGS_tls_shards).empty()) {
+    ClientOptions tls_options;
+    tls_options.shards = absl::StrSplit(absl::GetFlag(FLAGS_tls_shards), ',');
+    tls_options.tls.enabled = true;
+    tls_options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(tls_options);
+    if (!c.ok() || (*c)->shard_count() != shards) {
+      std::fprintf(stderr, "--tls_shards: %s\n",
+                   c.ok() ? "expected as many shards as --shards" : c.status().ToString().c_str());
+      return 1;
+    }
+    tls_client = std::move(*c);
+  }
   const uint32_t dim = absl::GetFlag(FLAGS_dim);
   const WorkloadFlags workload = ReadWorkloadFlags();
   const auto features = workload.Features();
-  if (absl::Status s = CreateReferenceTables(**client, features, dim); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 1;
+  for (Client* c : {client->get(), tls_client.get()}) {
+    if (c == nullptr) continue;
+    if (absl::Status s = CreateReferenceTables(*c, features, dim); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   std::vector<int> pipeline_counts;
   for (double n : ParseList(absl::GetFlag(FLAGS_pipelines))) {
@@ -347,6 +368,13 @@ int Run() {
       std::fprintf(stderr, "lookup: %s\n", st.ToString().c_str());
       return 1;
     }
+    if (tls_client != nullptr) {
+      std::vector<v1::LookupResponse> tls_resp;
+      if (absl::Status st = tls_client->Lookup(r.lookup, &tls_resp); !st.ok()) {
+        std::fprintf(stderr, "lookup over TLS: %s\n", st.ToString().c_str());
+        return 1;
+      }
+    }
     if (redis_addrs.empty()) continue;
     for (uint32_t s = 0; s < shards; ++s) {
       std::vector<const char*> argv = {"MSET"};
@@ -399,7 +427,7 @@ int Run() {
     // Merged: one thread sends each node step's single request per shard.
     const bool node = merge && count > 1;
     const int pipelines = node ? 1 : count;
-    std::vector<Sample> ember_lookup, ember_stream, ember_push, redis;
+    std::vector<Sample> ember_lookup, ember_stream, ember_push, redis, ember_tls;
     std::vector<std::unique_ptr<RedisConns>> conns(pipelines);
     for (int p = 0; p < pipelines && !redis_addrs.empty(); ++p) {
       conns[p] = std::make_unique<RedisConns>();
@@ -420,6 +448,14 @@ int Run() {
         return (*client)->Exchange(streams[p][i].exchange, &resp).ok();
       });
       ember_stream.push_back(WithCpu(std::move(streamed), cpu0, ClusterCpuSeconds(**client)));
+      if (tls_client != nullptr) {
+        cpu0 = ClusterCpuSeconds(*tls_client);
+        Sample over_tls = RunThreads(streams, pipelines, [&](int p, size_t i) {
+          std::vector<v1::LookupResponse> resp;
+          return tls_client->Lookup(streams[p][i].lookup, &resp).ok();
+        });
+        ember_tls.push_back(WithCpu(std::move(over_tls), cpu0, ClusterCpuSeconds(*tls_client)));
+      }
       if (!redis_addrs.empty()) {
         redis.push_back(RunThreads(streams, pipelines, [&](int p, size_t i) {
           return RedisMget(*conns[p], streams[p][i], row_bytes, nullptr);
@@ -431,7 +467,7 @@ int Run() {
         return (*client)->Push(streams[p][i].push, &resp).ok();
       });
       ember_push.push_back(WithCpu(std::move(push), cpu0, ClusterCpuSeconds(**client)));
-      for (auto* v : {&ember_lookup, &ember_stream, &ember_push, &redis}) {
+      for (auto* v : {&ember_lookup, &ember_stream, &ember_push, &redis, &ember_tls}) {
         if (!v->empty() && v->back().seconds < 0) {
           std::fprintf(stderr, "a request failed\n");
           return 1;
@@ -448,6 +484,13 @@ int Run() {
     print("Ember Lookup (gRPC)", el);
     const Summary es = Summarize(ember_stream);
     print("Ember lookup on ExchangeStream", es);
+    if (!ember_tls.empty()) {
+      const Summary ts = Summarize(ember_tls);
+      print("Ember Lookup over TLS (second cluster)", ts);
+      std::printf("| %d%s | Ember Lookup over TLS / plaintext | %.2fx | %.2fx | | | | | |\n", count,
+                  node ? " merged" : "", ts.keys_per_s / el.keys_per_s,
+                  ts.unique_per_s / el.unique_per_s);
+    }
     print("Ember Push (gRPC)", Summarize(ember_push));
     if (!redis.empty()) {
       const Summary rs = Summarize(redis);
