@@ -88,6 +88,12 @@ class Client::Impl {
   std::unique_ptr<std::atomic<bool>[]> unary_only;
   std::atomic<uint64_t> rpcs{0}, retries{0}, failures{0};
 
+  void AddAuth(grpc::ClientContext* context) const {
+    if (!options.auth_token.empty()) {
+      context->AddMetadata("authorization", "Bearer " + options.auth_token);
+    }
+  }
+
   std::string ShardName(uint32_t shard) const {
     return absl::StrCat("shard ", shard, " (", options.shards[shard], ")");
   }
@@ -128,6 +134,7 @@ class Client::Impl {
         const uint32_t shard = pending[j];
         contexts[j] = std::make_unique<grpc::ClientContext>();
         contexts[j]->set_deadline(absl::ToChronoTime(deadline));
+        AddAuth(contexts[j].get());
         (*responses)[shard].Clear();
         ++rpcs;
         if (attempt > 0) ++retries;
@@ -239,8 +246,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     auto channel = grpc::CreateCustomChannel(address, credentials, args);
     impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
     impl->admin.push_back(v1::AdminService::NewStub(channel));
-    impl->streams.push_back(
-        std::make_unique<ExchangeStreamPool>(impl->embedding.back().get(), options.rpc_timeout));
+    impl->streams.push_back(std::make_unique<ExchangeStreamPool>(
+        impl->embedding.back().get(), options.rpc_timeout, options.auth_token));
   }
   impl->unary_only = std::make_unique<std::atomic<bool>[]>(options.shards.size());
   std::vector<v1::GetShardInfoResponse> infos;

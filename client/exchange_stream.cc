@@ -11,7 +11,9 @@ namespace ember {
 // that Send never races with its end: a stream whose shard went away fails
 // the next exchange's read, and only then is the hold removed and the
 // stream's status delivered.
-ExchangeStream::ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout) {
+ExchangeStream::ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout,
+                               const std::string& auth_token) {
+  if (!auth_token.empty()) context_.AddMetadata("authorization", "Bearer " + auth_token);
   if (exchange_timeout < absl::InfiniteDuration()) {
     context_.AddMetadata(kExchangeTimeoutMetadata,
                          std::to_string(absl::ToInt64Milliseconds(exchange_timeout)));
@@ -140,7 +142,9 @@ std::unique_ptr<ExchangeStream> ExchangeStreamPool::Acquire() {
     }
   }
   finished.clear();  // closes them outside the lock
-  if (stream == nullptr) stream = std::make_unique<ExchangeStream>(stub_, exchange_timeout_);
+  if (stream == nullptr) {
+    stream = std::make_unique<ExchangeStream>(stub_, exchange_timeout_, auth_token_);
+  }
   return stream;
 }
 

@@ -10,6 +10,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -27,8 +29,10 @@ class ExchangeStream final
     : public grpc::ClientBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse> {
  public:
   // Opens the stream; `exchange_timeout` goes to the shard as the stream's
-  // ember-exchange-timeout-ms (each exchange's bound on the consistency wait).
-  ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout);
+  // ember-exchange-timeout-ms (each exchange's bound on the consistency wait),
+  // `auth_token` (if any) as its bearer token.
+  ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout,
+                 const std::string& auth_token);
   // Closes the stream (the shard sees the end and answers OK) and waits for
   // gRPC to be done with it, cancelling it if that takes longer than `grace`.
   ~ExchangeStream() override;
@@ -71,8 +75,9 @@ class ExchangeStream final
 // exchange and is dropped after a failed one. Thread-safe.
 class ExchangeStreamPool {
  public:
-  ExchangeStreamPool(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout)
-      : stub_(stub), exchange_timeout_(exchange_timeout) {}
+  ExchangeStreamPool(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout,
+                     std::string auth_token)
+      : stub_(stub), exchange_timeout_(exchange_timeout), auth_token_(std::move(auth_token)) {}
 
   std::unique_ptr<ExchangeStream> Acquire();
   // `stream` back for the next exchange; a finished one is closed instead.
@@ -81,6 +86,7 @@ class ExchangeStreamPool {
  private:
   v1::EmbeddingService::Stub* stub_;
   const absl::Duration exchange_timeout_;
+  const std::string auth_token_;
   std::mutex mu_;
   std::vector<std::unique_ptr<ExchangeStream>> idle_;
 };

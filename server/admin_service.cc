@@ -3,11 +3,19 @@
 #include "spdlog/spdlog.h"
 #include "server/grpc_status.h"
 
+// A refused call answers with the refusal (see server/token_auth.h).
+#define EMBER_AUTHORIZE(context, role, rpc)                                   \
+  if (absl::Status denied = Authorize(auth_, *(context), role, rpc);          \
+      !denied.ok()) {                                                         \
+    return ToGrpcStatus(denied);                                              \
+  }
+
 namespace ember {
 
-grpc::Status AdminServiceImpl::CreateTable(grpc::ServerContext*,
+grpc::Status AdminServiceImpl::CreateTable(grpc::ServerContext* context,
                                            const v1::CreateTableRequest* request,
                                            v1::CreateTableResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kAdmin, "CreateTable");
   absl::Status s = shard_->CreateTable(request->config(), response);
   if (s.ok() && response->created()) {
     spdlog::info("created table '{}' dim {}", request->config().name(), request->config().dim());
@@ -15,21 +23,27 @@ grpc::Status AdminServiceImpl::CreateTable(grpc::ServerContext*,
   return ToGrpcStatus(s);
 }
 
-grpc::Status AdminServiceImpl::ListTables(grpc::ServerContext*, const v1::ListTablesRequest*,
+grpc::Status AdminServiceImpl::ListTables(grpc::ServerContext* context,
+                                          const v1::ListTablesRequest*,
                                           v1::ListTablesResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kTrainer, "ListTables");
   shard_->ListTables(response);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::DropTable(grpc::ServerContext*, const v1::DropTableRequest* request,
+grpc::Status AdminServiceImpl::DropTable(grpc::ServerContext* context,
+                                         const v1::DropTableRequest* request,
                                          v1::DropTableResponse*) {
+  EMBER_AUTHORIZE(context, Role::kAdmin, "DropTable");
   absl::Status s = shard_->DropTable(request->name());
   if (s.ok()) spdlog::info("dropped table '{}'", request->name());
   return ToGrpcStatus(s);
 }
 
-grpc::Status AdminServiceImpl::GetShardInfo(grpc::ServerContext*, const v1::GetShardInfoRequest*,
+grpc::Status AdminServiceImpl::GetShardInfo(grpc::ServerContext* context,
+                                            const v1::GetShardInfoRequest*,
                                             v1::GetShardInfoResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kTrainer, "GetShardInfo");
   shard_->GetShardInfo(response);
   return grpc::Status::OK;
 }
@@ -37,6 +51,7 @@ grpc::Status AdminServiceImpl::GetShardInfo(grpc::ServerContext*, const v1::GetS
 grpc::Status AdminServiceImpl::Checkpoint(grpc::ServerContext* context,
                                           const v1::CheckpointRequest* request,
                                           v1::CheckpointResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kAdmin, "Checkpoint");
   // The call's deadline bounds the wait for the cut; without one, a minute.
   const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
                                   ? absl::Now() + absl::Seconds(60)
@@ -44,9 +59,10 @@ grpc::Status AdminServiceImpl::Checkpoint(grpc::ServerContext* context,
   return ToGrpcStatus(checkpointer_->Checkpoint(*request, deadline, response));
 }
 
-grpc::Status AdminServiceImpl::ListCheckpoints(grpc::ServerContext*,
+grpc::Status AdminServiceImpl::ListCheckpoints(grpc::ServerContext* context,
                                                const v1::ListCheckpointsRequest*,
                                                v1::ListCheckpointsResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kTrainer, "ListCheckpoints");
   checkpointer_->List(response);
   return grpc::Status::OK;
 }

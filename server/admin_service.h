@@ -4,14 +4,17 @@
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "server/checkpointer.h"
 #include "server/shard.h"
+#include "server/token_auth.h"
 
 namespace ember {
 
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
-  // `shard` and `checkpointer` must outlive the service.
-  AdminServiceImpl(Shard* shard, Checkpointer* checkpointer)
-      : shard_(shard), checkpointer_(checkpointer) {}
+  // `shard`, `checkpointer` and `auth` (null: no authentication) must
+  // outlive the service. CreateTable, DropTable and Checkpoint need the
+  // admin role; the read-only calls any role.
+  AdminServiceImpl(Shard* shard, Checkpointer* checkpointer, const TokenAuth* auth = nullptr)
+      : shard_(shard), checkpointer_(checkpointer), auth_(auth) {}
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
@@ -30,6 +33,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
  private:
   Shard* shard_;
   Checkpointer* checkpointer_;
+  const TokenAuth* auth_;
 };
 
 }  // namespace ember

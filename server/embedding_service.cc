@@ -5,6 +5,19 @@
 #include "common/wire.h"
 #include "server/grpc_status.h"
 
+// A refused call answers with the refusal (see server/token_auth.h).
+#define EMBER_AUTHORIZE_SYNC(context, rpc)                                           \
+  if (absl::Status denied = Authorize(auth_, context, Role::kTrainer, rpc);         \
+      !denied.ok()) {                                                                \
+    return ToGrpcStatus(denied);                                                     \
+  }
+#define EMBER_AUTHORIZE_REACTOR(context, rpc, reactor)                               \
+  if (absl::Status denied = Authorize(auth_, context, Role::kTrainer, rpc);         \
+      !denied.ok()) {                                                                \
+    (reactor)->Finish(ToGrpcStatus(denied));                                         \
+    return reactor;                                                                  \
+  }
+
 namespace ember {
 namespace {
 
@@ -74,6 +87,7 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           const v1::LookupRequest* request,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return kExpired;
+  EMBER_AUTHORIZE_SYNC(*context, "Lookup");
   return Measured(ShardMetrics::Rpc::kLookup, [&] { return shard_->Lookup(*request, response, Deadline(context)); });
 }
 
@@ -81,6 +95,7 @@ grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         const v1::PushRequest* request,
                                         v1::PushResponse* response) {
   if (Expired(context)) return kExpired;
+  EMBER_AUTHORIZE_SYNC(*context, "Push");
   return Measured(ShardMetrics::Rpc::kPush, [&] { return shard_->Push(*request, response); });
 }
 
@@ -88,6 +103,7 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
                                             const v1::ExchangeRequest* request,
                                             v1::ExchangeResponse* response) {
   if (Expired(context)) return kExpired;
+  EMBER_AUTHORIZE_SYNC(*context, "Exchange");
   return Measured(ShardMetrics::Rpc::kExchange,
                   [&] { return shard_->Exchange(*request, response, Deadline(context)); });
 }
@@ -95,6 +111,7 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
 grpc::Status EmbeddingServiceImpl::ExchangeStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ExchangeResponse, v1::ExchangeRequest>* stream) {
+  EMBER_AUTHORIZE_SYNC(*context, "ExchangeStream");
   const OpenStream open(metrics_);
   const absl::Duration timeout = StreamExchangeTimeout(context);
   // Reused from step to step: their buffers keep their capacity.
@@ -113,15 +130,17 @@ grpc::Status EmbeddingServiceImpl::ExchangeStream(
   return grpc::Status::OK;
 }
 
-grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext*,
+grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                   const v1::RegisterWorkerRequest* request,
                                                   v1::RegisterWorkerResponse* response) {
+  EMBER_AUTHORIZE_SYNC(*context, "RegisterWorker");
   return ToGrpcStatus(shard_->RegisterWorker(*request, response));
 }
 
-grpc::Status EmbeddingServiceImpl::UnregisterWorker(grpc::ServerContext*,
+grpc::Status EmbeddingServiceImpl::UnregisterWorker(grpc::ServerContext* context,
                                                     const v1::UnregisterWorkerRequest* request,
                                                     v1::UnregisterWorkerResponse* response) {
+  EMBER_AUTHORIZE_SYNC(*context, "UnregisterWorker");
   shard_->UnregisterWorker(*request, response);
   return grpc::Status::OK;
 }
@@ -145,6 +164,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Lookup(grpc::CallbackServerC
     reactor->Finish(kExpired);
     return reactor;
   }
+  EMBER_AUTHORIZE_REACTOR(*context, "Lookup", reactor);
   RunLookup(shard_->MayWait(*request), [this, reactor, context, request, response] {
     reactor->Finish(MeasuredCall(metrics_, ShardMetrics::Rpc::kLookup, [&] {
       return shard_->Lookup(*request, response, Deadline(context));
@@ -157,6 +177,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Push(grpc::CallbackServerCon
                                                          const v1::PushRequest* request,
                                                          v1::PushResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  EMBER_AUTHORIZE_REACTOR(*context, "Push", reactor);
   reactor->Finish(Expired(context) ? kExpired
                                    : MeasuredCall(metrics_, ShardMetrics::Rpc::kPush, [&] {
                                        return shard_->Push(*request, response);
@@ -194,6 +215,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
     reactor->Finish(kExpired);
     return reactor;
   }
+  EMBER_AUTHORIZE_REACTOR(*context, "Exchange", reactor);
   RunExchange(request, response, Deadline(context),
               [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
@@ -208,6 +230,11 @@ class EmbeddingCallbackService::StreamReactor final
   StreamReactor(EmbeddingCallbackService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), open_(service->metrics_),
         timeout_(StreamExchangeTimeout(context)) {
+    if (absl::Status s = Authorize(service->auth_, *context, Role::kTrainer, "ExchangeStream");
+        !s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -255,6 +282,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::RegisterWorker(
     grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  EMBER_AUTHORIZE_REACTOR(*context, "RegisterWorker", reactor);
   reactor->Finish(ToGrpcStatus(shard_->RegisterWorker(*request, response)));
   return reactor;
 }
@@ -263,6 +291,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::UnregisterWorker(
     grpc::CallbackServerContext* context, const v1::UnregisterWorkerRequest* request,
     v1::UnregisterWorkerResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  EMBER_AUTHORIZE_REACTOR(*context, "UnregisterWorker", reactor);
   shard_->UnregisterWorker(*request, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;

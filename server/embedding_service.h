@@ -9,14 +9,17 @@
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
+#include "server/token_auth.h"
 #include "server/work_pool.h"
 
 namespace ember {
 
 class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
  public:
-  // `shard` and `metrics` (null: none) must outlive the service.
-  EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics) : shard_(shard), metrics_(metrics) {}
+  // `shard`, `metrics` (null: none) and `auth` (null: no authentication)
+  // must outlive the service.
+  EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics, const TokenAuth* auth = nullptr)
+      : shard_(shard), metrics_(metrics), auth_(auth) {}
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
@@ -42,6 +45,7 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
 
   Shard* shard_;
   ShardMetrics* metrics_;
+  const TokenAuth* auth_;
 };
 
 class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackService {
@@ -51,8 +55,8 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
   // every lookup does (pushes always run inline: they never wait, and a
   // lookup may be waiting for one).
   EmbeddingCallbackService(Shard* shard, ShardMetrics* metrics, int pool_threads,
-                           bool all_lookups_on_pool)
-      : shard_(shard), metrics_(metrics), pool_(pool_threads),
+                           bool all_lookups_on_pool, const TokenAuth* auth = nullptr)
+      : shard_(shard), metrics_(metrics), auth_(auth), pool_(pool_threads),
         all_lookups_on_pool_(all_lookups_on_pool) {}
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
@@ -91,6 +95,7 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
 
   Shard* shard_;
   ShardMetrics* metrics_;
+  const TokenAuth* auth_;
   WorkPool pool_;
   const bool all_lookups_on_pool_;
 };

@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificate(s): mutual TLS, every client must present a certificate it signed.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Lines of '<token> <role>' (role trainer or admin): every call must carry "
+          "'authorization: Bearer <token>'; empty: no authentication.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5.0,
           "On SIGTERM/SIGINT, how long in-flight calls may finish.");
 
@@ -85,6 +88,7 @@ int main(int argc, char** argv) {
   options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

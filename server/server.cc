@@ -17,14 +17,14 @@ namespace ember {
 
 struct Server::Services {
   Services(const ServerOptions& options, Shard* shard, ShardMetrics* metrics,
-           Checkpointer* checkpointer)
-      : admin(shard, checkpointer) {
+           Checkpointer* checkpointer, const TokenAuth* auth)
+      : admin(shard, checkpointer, auth) {
     if (options.rpc_mode == ServerOptions::RpcMode::kSync) {
-      embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics);
+      embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics, auth);
     } else {
       embedding_callback = std::make_unique<EmbeddingCallbackService>(
           shard, metrics, options.worker_threads,
-          options.rpc_mode == ServerOptions::RpcMode::kCallbackPool);
+          options.rpc_mode == ServerOptions::RpcMode::kCallbackPool, auth);
     }
   }
   grpc::Service* embedding() {
@@ -108,8 +108,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.table_config_file.empty()) {
     EMBER_RETURN_IF_ERROR(CreateConfiguredTables(options.table_config_file, server->shard_.get()));
   }
+  if (!options.auth_tokens_file.empty()) {
+    EMBER_ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(options.auth_tokens_file));
+    server->auth_->SetMetrics(server->metrics_.get());
+    spdlog::info("authentication: {} bearer tokens from {}", server->auth_->size(),
+                 options.auth_tokens_file);
+  }
   server->services_ = std::make_unique<Services>(options, server->shard_.get(),
-                                                 server->metrics_.get(), server->checkpointer_.get());
+                                                 server->metrics_.get(), server->checkpointer_.get(),
+                                                 server->auth_.get());
   if (options.metrics_port >= 0) {
     EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
                            MetricsHttpServer::Start(options.address, options.metrics_port,

@@ -15,6 +15,7 @@
 #include "server/checkpointer.h"
 #include "common/tls.h"
 #include "server/shard.h"
+#include "server/token_auth.h"
 #include "server/shard_metrics.h"
 
 namespace grpc {
@@ -55,6 +56,9 @@ struct ServerOptions {
   std::string restore_from;
   // TLS / mutual TLS for both services (plaintext when not enabled).
   ServerTlsOptions tls;
+  // Bearer tokens and their roles (server/token_auth.h); empty: every call
+  // is accepted.
+  std::string auth_tokens_file;
 
   absl::Status Validate() const;
 };
@@ -88,6 +92,7 @@ class Server {
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<TokenAuth> auth_;  // null: no authentication
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -68,6 +68,10 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       table_errors_(r->AddCounter("ember_table_errors_total",
                                   "Failed table entries of calls, by method and status code.",
                                   {"table", "rpc", "code"})),
+      auth_denied_(r->AddCounter("ember_auth_denied_total",
+                                 "Calls refused for want of a known bearer token "
+                                 "(UNAUTHENTICATED) or of the role (PERMISSION_DENIED).",
+                                 {"rpc", "code"})),
       ssp_wait_(&r->AddHistogram("ember_ssp_wait_seconds",
                                  "Time lookups carrying a step waited for slower workers.", {})
                      .With({})),
@@ -155,6 +159,10 @@ ShardMetrics::TableSeries* ShardMetrics::Table(const std::string& name) {
 void ShardMetrics::TableError(const std::string& table, absl::string_view rpc,
                               absl::StatusCode code) {
   table_errors_.With({table, std::string(rpc), absl::StatusCodeToString(code)}).Add();
+}
+
+void ShardMetrics::RecordAuthDenied(absl::string_view rpc, absl::StatusCode code) {
+  auth_denied_.With({std::string(rpc), absl::StatusCodeToString(code)}).Add();
 }
 
 }  // namespace ember

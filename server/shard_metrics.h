@@ -46,6 +46,8 @@ class ShardMetrics {
   TableSeries* Table(const std::string& name);
   // A request's part for an existing table failed with `code`.
   void TableError(const std::string& table, absl::string_view rpc, absl::StatusCode code);
+  // A call refused by --auth_tokens_file (UNAUTHENTICATED or PERMISSION_DENIED).
+  void RecordAuthDenied(absl::string_view rpc, absl::StatusCode code);
 
   // How long lookups carrying a step waited for slower workers.
   metrics::Histogram& ssp_wait() { return *ssp_wait_; }
@@ -83,6 +85,7 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_bytes_;
   metrics::Family<metrics::Counter>& table_missing_;
   metrics::Family<metrics::Counter>& table_errors_;
+  metrics::Family<metrics::Counter>& auth_denied_;
   metrics::Histogram* ssp_wait_;
   metrics::Family<metrics::Counter>& checkpoints_;
   metrics::Gauge& checkpoint_last_success_;

@@ -31,14 +31,17 @@ class Client(_ember.Client):
                  connect_timeout: float = 10.0, retry_budget: float = 30.0,
                  tls: bool = False, tls_ca: Optional[str] = None,
                  tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
-                 tls_server_name: Optional[str] = None):
+                 tls_server_name: Optional[str] = None, auth_token: Optional[str] = None):
         """Connects to every shard. With tls=True the connections use TLS:
         tls_ca is the PEM CA of the shards' certificates (default: the
         system's roots); tls_cert and tls_key a PEM client certificate and
         key, for shards that require one (mutual TLS); tls_server_name the
-        name their certificates carry when it is not the address's host."""
+        name their certificates carry when it is not the address's host.
+        auth_token: the bearer token for shards started with
+        --auth_tokens_file (send it over TLS only)."""
         super().__init__(list(shards), rpc_timeout, connect_timeout, retry_budget, tls,
-                         tls_ca or "", tls_cert or "", tls_key or "", tls_server_name or "")
+                         tls_ca or "", tls_cert or "", tls_key or "", tls_server_name or "",
+                         auth_token or "")
         self._dims: Dict[str, int] = {}
 
     def create_table(self, name: str, dim: int, *, optimizer: Mapping[str, Any],

@@ -256,3 +256,26 @@ def test_tls_and_mutual_tls_from_python(tmp_path):
         with pytest.raises(ember.EmberError) as err:
             ember.Client(cluster.addresses, tls=True, tls_cert=pem("client.pem"))
         assert err.value.code == ember.StatusCode.INVALID_ARGUMENT
+
+
+def test_bearer_token_from_python(tmp_path):
+    """A shard with --auth_tokens_file serves a client with an admin token and
+    refuses one without (UNAUTHENTICATED) or with a trainer token creating a
+    table (PERMISSION_DENIED)."""
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("admin-token-0123456789 admin\ntrainer-token-0123456789 trainer\n")
+    from ember.local_cluster import LocalCluster
+    with LocalCluster(shards=1, extra_args=[f"--auth_tokens_file={tokens}"]) as cluster:
+        admin = ember.Client(cluster.addresses, auth_token="admin-token-0123456789")
+        admin.create_table("t", 4, optimizer={"sgd": {"learning_rate": 0.1}},
+                           initializer={"zeros": {}})
+        trainer = ember.Client(cluster.addresses, auth_token="trainer-token-0123456789")
+        assert trainer.stored_rows("t") == 0
+        with pytest.raises(ember.EmberError) as err:
+            trainer.create_table("u", 4, optimizer={"sgd": {"learning_rate": 0.1}},
+                                 initializer={"zeros": {}})
+        assert err.value.code == ember.StatusCode.PERMISSION_DENIED
+        with pytest.raises(ember.EmberError) as err:
+            ember.Client(cluster.addresses, connect_timeout=1.0)
+        assert err.value.code == ember.StatusCode.UNAUTHENTICATED
+        assert "0123456789" not in err.value.message

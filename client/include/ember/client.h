@@ -47,6 +47,10 @@ struct ClientOptions {
   bool exchange_streams = true;
   // TLS or mutual TLS to the shards (common/tls.h); plaintext by default.
   ClientTlsOptions tls;
+  // Sent as "authorization: Bearer <auth_token>" on every call, for shards
+  // started with --auth_tokens_file; empty: none. Use it over TLS: the
+  // token is otherwise readable on the network.
+  std::string auth_token;
   // Not owned; outlives the Client. Every RPC attempt is recorded there
   // (ember_trainer_rpc_duration_seconds and _attempts_total per shard).
   TrainerMetrics* metrics = nullptr;

@@ -55,6 +55,7 @@ typedef struct {
   const char* tls_cert_file;    /* PEM client certificate (mutual TLS); NULL: none */
   const char* tls_key_file;     /* PEM key of tls_cert_file */
   const char* tls_server_name;  /* name the shards' certificates carry; NULL: the host */
+  const char* auth_token;       /* bearer token for --auth_tokens_file shards; NULL: none */
 } ember_client_options;
 
 EMBER_C_API int ember_client_connect(const ember_client_options* options, ember_client** out);

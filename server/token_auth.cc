@@ -1,0 +1,111 @@
+#include "server/token_auth.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ember {
+namespace {
+
+constexpr absl::string_view kBearer = "Bearer ";
+
+// Compares without an early exit, so that the time taken does not tell how
+// much of a guess was right (only whether its length was).
+bool SameToken(absl::string_view known, absl::string_view presented) {
+  if (presented.size() != known.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < known.size(); ++i) diff |= known[i] ^ presented[i];
+  return diff == 0;
+}
+
+absl::string_view RoleName(Role r) { return r == Role::kAdmin ? "admin" : "trainer"; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("auth_tokens_file '", path, "': cannot read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return FromText(text.str(), absl::StrCat("auth_tokens_file '", path, "'"));
+}
+
+absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromText(absl::string_view text,
+                                                               absl::string_view source) {
+  auto auth = std::make_unique<TokenAuth>();
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (fields.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " line ", line_number, ": expected '<token> <role>', received ",
+          fields.size(), " fields"));
+    }
+    Role role;
+    if (fields[1] == "trainer") {
+      role = Role::kTrainer;
+    } else if (fields[1] == "admin") {
+      role = Role::kAdmin;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " line ", line_number, ": expected role trainer or admin, received '",
+          fields[1], "'"));
+    }
+    if (fields[0].size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " line ", line_number, ": expected a token of at least 16 characters, received ",
+          fields[0].size()));
+    }
+    for (const auto& [token, r] : auth->tokens_) {
+      if (token == fields[0]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, " line ", line_number, ": the token is listed twice"));
+      }
+    }
+    auth->tokens_.emplace_back(std::string(fields[0]), role);
+  }
+  if (auth->tokens_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": expected at least one '<token> <role>' line, received none"));
+  }
+  return auth;
+}
+
+absl::Status TokenAuth::Check(const grpc::ServerContextBase& context, Role needed,
+                              absl::string_view rpc) const {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  absl::string_view presented;
+  if (it != metadata.end()) {
+    const absl::string_view value(it->second.data(), it->second.size());
+    if (absl::StartsWith(value, kBearer)) presented = value.substr(kBearer.size());
+  }
+  const std::pair<std::string, Role>* match = nullptr;
+  for (const auto& entry : tokens_) {
+    if (SameToken(entry.first, presented)) match = &entry;
+  }
+  absl::Status status;
+  if (match == nullptr) {
+    status = absl::UnauthenticatedError(absl::StrCat(
+        rpc, ": ", it == metadata.end() ? "no 'authorization' metadata"
+                                        : "the bearer token is not one this shard knows",
+        "; expected 'authorization: Bearer <token>' with a token of --auth_tokens_file"));
+  } else if (needed == Role::kAdmin && match->second != Role::kAdmin) {
+    status = absl::PermissionDeniedError(absl::StrCat(
+        rpc, ": expected role admin, received a token of role ", RoleName(match->second)));
+  }
+  if (!status.ok() && metrics_ != nullptr) metrics_->RecordAuthDenied(rpc, status.code());
+  return status;
+}
+
+}  // namespace ember

@@ -1,0 +1,60 @@
+// Bearer-token authentication and roles for a shard's gRPC services.
+//
+// The tokens file (--auth_tokens_file) holds one "<token> <role>" per line;
+// blank lines and lines starting with '#' are skipped. Roles:
+//   trainer  Lookup, Push, Exchange, ExchangeStream, Register/UnregisterWorker,
+//            and the read-only admin calls (ListTables, GetShardInfo,
+//            ListCheckpoints);
+//   admin    everything: also CreateTable, DropTable, Checkpoint.
+// A call carries "authorization: Bearer <token>" metadata. No token, or one
+// not in the file: UNAUTHENTICATED; a token whose role may not make the
+// call: PERMISSION_DENIED naming the role and the call. Every refusal is
+// counted in ember_auth_denied_total. Tokens never appear in messages or
+// logs. The health service and reflection stay open (probes carry no token).
+//
+// Thread safety: Check may be called from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/server_context.h"
+#include "server/shard_metrics.h"
+
+namespace ember {
+
+enum class Role { kTrainer, kAdmin };
+
+class TokenAuth {
+ public:
+  // Errors name the file and the line, never a token.
+  static absl::StatusOr<std::unique_ptr<TokenAuth>> FromFile(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<TokenAuth>> FromText(absl::string_view text,
+                                                             absl::string_view source);
+
+  // `metrics` (null: none) must outlive this.
+  void SetMetrics(ShardMetrics* metrics) { metrics_ = metrics; }
+
+  // OK when the call's token has a role that may make `rpc`, which needs `needed`.
+  absl::Status Check(const grpc::ServerContextBase& context, Role needed,
+                     absl::string_view rpc) const;
+
+  size_t size() const { return tokens_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, Role>> tokens_;
+  ShardMetrics* metrics_ = nullptr;
+};
+
+// OK when `auth` is null (no --auth_tokens_file); else auth->Check.
+inline absl::Status Authorize(const TokenAuth* auth, const grpc::ServerContextBase& context,
+                              Role needed, absl::string_view rpc) {
+  return auth == nullptr ? absl::OkStatus() : auth->Check(context, needed, rpc);
+}
+
+}  // namespace ember
