@@ -26,6 +26,7 @@
 #include "bench/workload_flags.h"
 #include "common/abseil_mode.h"
 #include "common/process_cpu.h"
+#include "common/tls_flags.h"
 #include "ember/client.h"
 #include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
@@ -53,10 +54,6 @@ ABSL_FLAG(bool, merge_pipelines, true,
 ABSL_FLAG(bool, exchange_streams, true,
           "Step exchanges travel on one long-lived ExchangeStream per shard (false: a unary "
           "Exchange call per step and shard).");
-ABSL_FLAG(bool, tls, false, "Reach the shards over TLS.");
-ABSL_FLAG(std::string, tls_ca, "", "With --tls: PEM CA of the shards' certificates (default: system roots).");
-ABSL_FLAG(std::string, tls_cert, "", "With --tls: PEM client certificate, for mutual TLS.");
-ABSL_FLAG(std::string, tls_key, "", "With --tls: PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, auth_token, "",
           "Bearer token for shards started with --auth_tokens_file (an admin token: the "
           "trainer creates its tables).");
@@ -286,10 +283,7 @@ int Run() {
   options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
   options.metrics = Metrics();
   options.exchange_streams = absl::GetFlag(FLAGS_exchange_streams);
-  options.tls.enabled = absl::GetFlag(FLAGS_tls);
-  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls = ClientTlsFromFlags();  // --tls, --tls_ca, ... (common/tls_flags.h)
   options.auth_token = absl::GetFlag(FLAGS_auth_token);
   std::unique_ptr<MetricsHttpServer> metrics_http;
   if (TrainerMetrics* metrics = Metrics()) {
