@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificate(s): mutual TLS, every client must present a certificate it signed.");
+ABSL_FLAG(uint32_t, max_tables, 1024, "Most tables on this shard.");
+ABSL_FLAG(uint64_t, max_rows, 0,
+          "Most rows over all of this shard's tables; writing lookups and pushes that would "
+          "insert past it are refused (RESOURCE_EXHAUSTED); 0: no shard-wide limit.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Lines of '<token> <role>' (role trainer or admin): every call must carry "
           "'authorization: Bearer <token>'; empty: no authentication.");
@@ -89,6 +93,8 @@ int main(int argc, char** argv) {
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.shard.max_tables = absl::GetFlag(FLAGS_max_tables);
+  options.shard.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

@@ -31,6 +31,9 @@ absl::Status ShardOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("max_ssp_wait: expected >= 0, received ",
                                                    absl::FormatDuration(max_ssp_wait)));
   }
+  if (max_tables < 1) {
+    return absl::InvalidArgumentError("max_tables: expected >= 1, received 0");
+  }
   if (max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected >= 1024, received ", max_message_bytes));
@@ -66,6 +69,11 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
     response->set_created(false);
     FillTableInfo(*it->second, response->mutable_table());
     return absl::OkStatus();
+  }
+  if (tables_.size() >= options_.max_tables) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", normalized.name(), "': the shard holds ", tables_.size(),
+        " tables, limit max_tables is ", options_.max_tables));
   }
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, NewStore(config, options_.device));
   auto table = std::make_shared<Table>(Table{std::move(normalized), std::move(store)});
@@ -137,6 +145,38 @@ absl::Status Shard::CheckKeyCount(uint64_t total_keys) const {
     return absl::ResourceExhaustedError(absl::StrCat("request carries ", total_keys,
                                                      " keys, limit max_keys_per_request is ",
                                                      options_.max_keys_per_request));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckRowBudget(const std::vector<Resolved>& resolved,
+                                   const std::vector<bool>& writes) const {
+  if (options_.max_rows == 0) return absl::OkStatus();
+  uint64_t stored = 0;
+  {
+    ReaderLock lock(&mu_);
+    for (const auto& [name, table] : tables_) stored += table->store->Stats().rows;
+  }
+  uint64_t keys = 0;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    if (writes[i]) keys += resolved[i].keys.size();
+  }
+  if (stored + keys <= options_.max_rows) return absl::OkStatus();
+  // Near the limit: count the keys that would be inserted.
+  uint64_t missing = 0;
+  std::vector<uint8_t> rows;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    const Resolved& r = resolved[i];
+    if (!writes[i] || r.keys.empty()) continue;
+    rows.resize(r.keys.size() * r.table->config.dim() * sizeof(float));
+    EMBER_ASSIGN_OR_RETURN(FindResult found,
+                           r.table->store->Find(r.keys, DType::kFp32, absl::MakeSpan(rows)));
+    missing += found.missing;
+  }
+  if (stored + missing > options_.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the shard holds ", stored, " rows and the request would add ", missing,
+        ", limit max_rows is ", options_.max_rows));
   }
   return absl::OkStatus();
 }
@@ -394,6 +434,9 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
         "response would be up to ", response_bytes,
         " bytes (rows and framing), limit max_message_bytes is ", options_.max_message_bytes));
   }
+  std::vector<bool> writes(request.tables_size());
+  for (int i = 0; i < request.tables_size(); ++i) writes[i] = !request.tables(i).read_only();
+  EMBER_RETURN_IF_ERROR(CheckRowBudget(resolved, writes));
   if (request.has_step()) {
     const int64_t required = request.step() - int64_t{request.staleness()} - 1;
     if (required >= 0) {
@@ -461,6 +504,8 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
       return valid;
     }
   }
+
+  EMBER_RETURN_IF_ERROR(CheckRowBudget(resolved, std::vector<bool>(resolved.size(), true)));
 
   SspClock::Claim claim;
   EMBER_RETURN_IF_ERROR(clock_.Begin(request.worker_id(), request.step(), &claim));

@@ -67,6 +67,14 @@ struct ShardOptions {
   // Largest request or response message; a lookup whose answer would be
   // larger is refused up front.
   uint64_t max_message_bytes = uint64_t{256} << 20;
+  // Most tables on the shard (CreateTable beyond: RESOURCE_EXHAUSTED).
+  uint32_t max_tables = 1024;
+  // Most rows over all the shard's tables; 0: no limit but the tables'
+  // capacities and the machine's memory. A writing lookup or a push that
+  // would insert past it is refused whole (RESOURCE_EXHAUSTED) and changes
+  // nothing; requests running at the same time may overshoot it by at most
+  // their keys.
+  uint64_t max_rows = 0;
   // Longest a lookup waits for the consistency clock (its own deadline may
   // end the wait earlier).
   absl::Duration max_ssp_wait = absl::Seconds(60);
@@ -176,6 +184,10 @@ class Shard {
   absl::Status Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
                      v1::PushResponse* response);
   absl::Status CheckKeyCount(uint64_t total_keys) const;
+  // With max_rows: refuses a request whose `writes` entries of `resolved`
+  // would insert past it (counting their missing keys only near the limit).
+  absl::Status CheckRowBudget(const std::vector<Resolved>& resolved,
+                              const std::vector<bool>& writes) const;
   absl::Status CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const;
   void FillTableInfo(const Table& table, v1::TableInfo* info) const;
 

@@ -285,6 +285,74 @@ TEST(ShardMessageLimitTest, AnswersOverTheLimitByFramingAreRefusedBeforeAnyInser
   }
 }
 
+TEST(ShardLimitsTest, MaxTablesRefusesTheNextTableNamingTheLimit) {
+  ShardOptions o;
+  o.max_tables = 2;
+  Shard shard(o);
+  v1::CreateTableResponse r;
+  ASSERT_OK(shard.CreateTable(AdagradTable("a", 4), &r));
+  ASSERT_OK(shard.CreateTable(AdagradTable("b", 4), &r));
+  absl::Status s = shard.CreateTable(AdagradTable("c", 4), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("table 'c': the shard holds 2 tables, limit max_tables is 2"),
+            std::string::npos) << s;
+  ASSERT_OK(shard.CreateTable(AdagradTable("a", 4), &r));  // an existing one: idempotent
+  ASSERT_OK(shard.DropTable("b"));
+  ASSERT_OK(shard.CreateTable(AdagradTable("c", 4), &r));
+}
+
+TEST(ShardLimitsTest, MaxRowsRefusesRequestsThatWouldInsertPastItAndChangesNothing) {
+  ShardOptions o;
+  o.max_rows = 10;
+  Shard shard(o);
+  v1::CreateTableResponse created;
+  ASSERT_OK(shard.CreateTable(AdagradTable("a", 4), &created));
+  ASSERT_OK(shard.CreateTable(AdagradTable("b", 4), &created));
+  auto rows = [&] {
+    v1::ListTablesResponse list;
+    shard.ListTables(&list);
+    uint64_t n = 0;
+    for (const auto& t : list.tables()) n += t.rows();
+    return n;
+  };
+  auto lookup = [&](const std::string& table, const std::vector<uint64_t>& keys,
+                    bool read_only = false) {
+    v1::LookupRequest req;
+    AddLookup(&req, table, keys, read_only);
+    v1::LookupResponse resp;
+    return shard.Lookup(req, &resp);
+  };
+  ASSERT_OK(lookup("a", {1, 2, 3, 4, 5, 6}));
+  ASSERT_OK(lookup("b", {1, 2}));
+  ASSERT_EQ(rows(), 8u);
+  absl::Status s = lookup("b", {3, 4, 5});  // 8 + 3 > 10
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("the shard holds 8 rows and the request would add 3, limit "
+                             "max_rows is 10"), std::string::npos) << s;
+  EXPECT_EQ(rows(), 8u);
+  ASSERT_OK(lookup("b", {3, 4, 5}, /*read_only=*/true));  // inserts nothing
+  ASSERT_OK(lookup("a", {1, 2, 3, 4, 5, 6, 7}));          // stored keys and one new: 9
+  auto row_of_key_1 = [&] {
+    v1::LookupRequest req;
+    AddLookup(&req, "a", {1}, /*read_only=*/true);
+    v1::LookupResponse resp;
+    EXPECT_OK(shard.Lookup(req, &resp));
+    return Floats(resp.tables(0).rows());
+  };
+  const std::vector<float> before = row_of_key_1();
+  v1::PushRequest push;  // key 1 is stored; 20 and 21 are new: 9 + 2 > 10
+  AddGradients(&push, "a", {1, 20, 21}, std::vector<float>(12, 0.5f));
+  v1::PushResponse pushed;
+  s = shard.Push(push, &pushed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(rows(), 9u);
+  EXPECT_EQ(row_of_key_1(), before) << "the refused push changed a stored row";
+  v1::PushRequest fits;
+  AddGradients(&fits, "a", {1, 20}, std::vector<float>(8, 0.5f));  // one new: 10
+  ASSERT_OK(shard.Push(fits, &pushed));
+  EXPECT_EQ(rows(), 10u);
+}
+
 TEST_F(ShardTest, ATableTwiceInOneRequestIsRejected) {
   v1::LookupRequest req;
   v1::LookupResponse resp;
