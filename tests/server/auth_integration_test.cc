@@ -118,6 +118,7 @@ TEST_F(AuthIntegrationTest, ATrainerTokenTrainsButMayNotAdministerAnAdminTokenMa
 TEST_F(AuthIntegrationTest, TheClientLibrarySendsItsTokenOnUnaryCallsAndOnExchangeStreams) {
   ClientOptions o;
   o.shards = {shard_->address()};
+  o.exchange_streams = true;
   o.auth_token = kAdminToken;
   absl::StatusOr<std::unique_ptr<Client>> admin = Client::Connect(o);
   ASSERT_OK(admin);
