@@ -20,6 +20,7 @@ static_assert(std::endian::native == std::endian::little,
 inline absl::Span<const uint64_t> KeysView(absl::string_view bytes,
                                            std::vector<uint64_t>* storage) {
   const size_t n = bytes.size() / 8;
+  if (n == 0) return {};  // memcpy from or to a null pointer is undefined, even of 0 bytes
   if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint64_t) == 0) {
     return {reinterpret_cast<const uint64_t*>(bytes.data()), n};
   }

@@ -14,9 +14,10 @@ BUILD_PACKAGES=(
 # Tests and tools: GoogleTest; Redis for the peer comparison; promtool and
 # Prometheus for the metrics tests; yamllint and kubectl for the manifests;
 # Python's venv and headers for the Python package (its wheels come from PyPI);
-# openssl makes the TLS tests' certificates.
+# openssl makes the TLS tests' certificates; Clang and its runtime (libFuzzer,
+# ASan) build the fuzz targets.
 TEST_PACKAGES=(
-  libgtest-dev libgmock-dev openssl
+  libgtest-dev libgmock-dev openssl clang libclang-rt-14-dev
   redis-server libhiredis-dev
   prometheus yamllint
   python3-venv python3-dev

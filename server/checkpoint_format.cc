@@ -181,6 +181,18 @@ absl::StatusOr<std::unique_ptr<TableFileReader>> TableFileReader::Open(
     return absl::DataLossError(absl::StrCat("checkpoint file '", path, "': ", size,
                                             " bytes is shorter than a header and a footer"));
   }
+  // The counts size the restore's allocations before any block is read, so
+  // they are checked against what a file of this size can hold.
+  const uint64_t body = size - kHeaderBytes - kFooterBytes;
+  const uint64_t most_rows = body / RowBytes(
+      config, config.dim * OptimizerStateFloatsPerElement(config.optimizer.kind),
+      OptimizerHasStepCount(config.optimizer.kind));
+  if (entry.rows() > most_rows || entry.removed_keys() > body / 8) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file '", path, "': the manifest says ", entry.rows(), " rows and ",
+        entry.removed_keys(), " removed keys, a file of ", size, " bytes holds at most ",
+        most_rows, " rows or ", body / 8, " removed keys"));
+  }
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<SequentialFile> file, fs->NewSequentialFile(path));
   std::unique_ptr<TableFileReader> r(new TableFileReader(path, std::move(file), entry, config));
   std::string header;

@@ -53,6 +53,14 @@ std::string ParentDir(const std::string& path) {
   return slash == 0 ? "/" : p.substr(0, slash);
 }
 
+// The last component of `path` (trailing slashes ignored).
+std::string BaseName(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
 }  // namespace
 
 absl::Status CheckpointerOptions::Validate() const {
@@ -316,6 +324,10 @@ absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
   std::string current = path;
   while (true) {
     EMBER_ASSIGN_OR_RETURN(v1::CheckpointManifest m, ReadManifest(fs, current));
+    // A checkpoint is its directory: a copied or renamed one reads its own
+    // files (LoadChain joins the id), never those of the directory it was
+    // copied from.
+    m.set_id(BaseName(current));
     const std::string where = JoinPath(current, kManifestFileName);
     // A delta's parents must be of the same shard as the delta.
     const ShardOptions* expected = shard;

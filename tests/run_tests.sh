@@ -4,9 +4,10 @@
 # integration with real ember-server processes, the Python package's pytest
 # suites; GPU tests skip without a GPU), then the concurrency tests again under ThreadSanitizer (metrics,
 # store stress, shard and SSP, and the client against real shards), and the store,
-# shard, server and client tests under AddressSanitizer + UBSan.
+# shard, server and client tests under AddressSanitizer + UBSan, then each
+# libFuzzer target for a bounded time (tests/fuzz/run_fuzzers.sh).
 #   bash tests/run_tests.sh          # everything
-#   EMBER_SKIP_TSAN=1 EMBER_SKIP_ASAN=1 bash tests/run_tests.sh
+#   EMBER_SKIP_TSAN=1 EMBER_SKIP_ASAN=1 EMBER_SKIP_FUZZ=1 bash tests/run_tests.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,5 +48,9 @@ if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
   build-asan/tests/client_integration_test
   build-asan/tests/exchange_stream_test
   build-asan/tests/checkpoint_integration_test
+fi
+if [ "${EMBER_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "== Fuzzing: every libFuzzer target for ${EMBER_FUZZ_SECONDS:-60}s (Clang, ASan + UBSan)"
+  bash tests/fuzz/run_fuzzers.sh "${EMBER_FUZZ_SECONDS:-60}"
 fi
 echo "== all tests passed"

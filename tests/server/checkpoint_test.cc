@@ -3,6 +3,7 @@
 // can be wrong (refused, naming the file and what is wrong).
 #include "server/checkpointer.h"
 
+#include <filesystem>
 #include <unistd.h>
 
 #include <cstdio>
@@ -425,6 +426,19 @@ TEST_F(DamagedCheckpointTest, BlockCountBeyondTheFileIsRefusedBeforeAnyAllocatio
                             {"table-adam_fp16.rows", "does not fit"});
 }
 
+// Found by tests/fuzz/checkpoint_fuzzer: the manifest's row count sized the
+// restore's allocation (4 GiB of index here) before the file was read.
+TEST_F(DamagedCheckpointTest, ManifestRowCountBeyondTheFileIsRefusedBeforeAnyAllocation) {
+  ExpectRefusedWithFallback(
+      [](const std::string& p) {
+        auto m = ReadManifest(FileSystem::Posix(), p);
+        ASSERT_OK(m);
+        for (auto& table : *m->mutable_tables()) table.set_rows(uint64_t{1} << 31);
+        ASSERT_OK(WriteManifest(FileSystem::Posix(), p, *m));
+      },
+      absl::StatusCode::kDataLoss, {".rows", "the manifest says 2147483648 rows", "holds at most"});
+}
+
 TEST_F(DamagedCheckpointTest, OtherFormatVersionOfTheManifestIsRefused) {
   ExpectRefusedWithFallback(
       [](const std::string& p) {
@@ -450,6 +464,27 @@ TEST_F(DamagedCheckpointTest, CheckpointOfAnotherShardIndexIsRefused) {
 TEST_F(DamagedCheckpointTest, CheckpointOfAnotherShardCountIsRefused) {
   ExpectRefusedWithFallback([](const std::string&) {}, absl::StatusCode::kFailedPrecondition,
                             {"written by shard 0 of 2, this is shard 0 of 3"}, Options(0, 3));
+}
+
+// Found by tests/fuzz/checkpoint_fuzzer: the restore joined the manifest's id
+// to find the table files, so a copy of a checkpoint read its original's.
+TEST_F(CheckpointTest, ACopiedCheckpointRestoresFromItsOwnFiles) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 5);
+  auto taken = Take(checkpointer);
+  ASSERT_OK(taken);
+  const std::string copy = taken->path() + "-copy";
+  std::filesystem::copy(taken->path(), copy, std::filesystem::copy_options::recursive);
+  // The original is damaged: only the copy's own files can restore.
+  for (const auto& entry : std::filesystem::directory_iterator(taken->path())) {
+    if (entry.path().filename() != "MANIFEST") FlipByte(entry.path().string(), 40);
+  }
+  auto restored = Restored(copy);
+  ASSERT_OK(restored);
+  EXPECT_EQ(ContentsOf(**restored), ContentsOf(shard_));
+  v1::GetShardInfoResponse info;
+  (*restored)->GetShardInfo(&info);
+  EXPECT_EQ(info.restored_from(), copy);
 }
 
 TEST_F(CheckpointTest, LatestWithNothingValidFailsListingWhyEachWasRefused) {
