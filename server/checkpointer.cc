@@ -166,8 +166,24 @@ absl::Status Checkpointer::Checkpoint(const v1::CheckpointRequest& request, absl
     return absl::InvalidArgumentError(
         absl::StrCat("field 'step': expected >= 0, received ", request.step()));
   }
+  return Take(request, deadline, /*as_is=*/false, response);
+}
+
+absl::Status Checkpointer::CheckpointOnExit(bool incremental, absl::Time deadline,
+                                            v1::CheckpointResponse* response) {
+  if (options_.directory.empty()) {
+    return absl::FailedPreconditionError(
+        "this shard has no checkpoint directory (start ember-server with --checkpoint_dir)");
+  }
+  v1::CheckpointRequest request;
+  request.set_incremental(incremental);
+  return Take(request, deadline, /*as_is=*/true, response);
+}
+
+absl::Status Checkpointer::Take(const v1::CheckpointRequest& request, absl::Time deadline,
+                                bool as_is, v1::CheckpointResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
-  absl::Status s = Write(request, deadline, response);
+  absl::Status s = Write(request, deadline, as_is, response);
   if (metrics_ != nullptr) {
     const bool delta = s.ok() ? response->manifest().kind() == v1::CHECKPOINT_KIND_DELTA
                               : request.incremental();
@@ -192,7 +208,7 @@ absl::Status Checkpointer::Checkpoint(const v1::CheckpointRequest& request, absl
 }
 
 absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Time deadline,
-                                 v1::CheckpointResponse* response) {
+                                 bool as_is, v1::CheckpointResponse* response) {
   const std::string& dir = options_.directory;
   const uint64_t sequence = next_sequence_;
   const std::string id =
@@ -208,7 +224,7 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   std::optional<int64_t> step;
   if (request.has_step()) step = request.step();
 
-  absl::StatusOr<ShardSnapshot> snap = shard_->Snapshot(step, parent.has_value(), deadline);
+  absl::StatusOr<ShardSnapshot> snap = shard_->Snapshot(step, parent.has_value(), deadline, as_is);
   if (!snap.ok()) {
     // A refused or timed-out cut copied nothing; any other failure may have
     // marked some rows clean, so the next checkpoint cannot be a delta.
@@ -238,10 +254,11 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   manifest.set_shard_count(shard.shard_count);
   manifest.set_routing(kRoutingName);
   manifest.set_step(snap->step);
-  for (const auto& [worker, applied] : snap->workers) {
+  for (const auto& [worker, progress] : snap->workers) {
     v1::WorkerStep* w = manifest.add_workers();
     w->set_worker_id(worker);
-    w->set_applied_step(applied);
+    w->set_applied_step(progress.applied);
+    for (int64_t step : progress.done_ahead) w->add_done_ahead(step);
   }
   manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
   manifest.set_ember_version(EMBER_VERSION);
@@ -473,8 +490,11 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
                              ReadChain(fs_, path, &shard_->options()));
       EMBER_ASSIGN_OR_RETURN(std::vector<RestoredTable> tables,
                              LoadChain(fs_, ParentDir(path), chain, shard_->options().device));
-      std::map<uint32_t, int64_t> workers;
-      for (const v1::WorkerStep& w : chain.back().workers()) workers[w.worker_id()] = w.applied_step();
+      std::map<uint32_t, SspClock::Progress> workers;
+      for (const v1::WorkerStep& w : chain.back().workers()) {
+        workers[w.worker_id()] = SspClock::Progress{
+            w.applied_step(), std::vector<int64_t>(w.done_ahead().begin(), w.done_ahead().end())};
+      }
       const size_t n = tables.size();
       shard_->InstallRestored(std::move(tables), workers, path);
       if (metrics_ != nullptr) {

@@ -95,6 +95,12 @@ class Checkpointer {
   // See AdminService.Checkpoint. `deadline` bounds the wait for the cut.
   absl::Status Checkpoint(const v1::CheckpointRequest& request, absl::Time deadline,
                           v1::CheckpointResponse* response);
+  // The checkpoint of a shard that has stopped serving (ember-server on
+  // SIGTERM): cut as it is (Shard::Snapshot's `as_is`), since workers at
+  // different steps would never reach a common cut; every worker's progress
+  // is recorded, so that retries of its pushes are duplicates after a restore.
+  absl::Status CheckpointOnExit(bool incremental, absl::Time deadline,
+                                v1::CheckpointResponse* response);
   void List(v1::ListCheckpointsResponse* response);
 
   // Restores the shard from `what`: "latest" (the newest checkpoint in
@@ -106,7 +112,9 @@ class Checkpointer {
   absl::StatusOr<std::string> Restore(const std::string& what);
 
  private:
-  absl::Status Write(const v1::CheckpointRequest& request, absl::Time deadline,
+  absl::Status Take(const v1::CheckpointRequest& request, absl::Time deadline, bool as_is,
+                    v1::CheckpointResponse* response);
+  absl::Status Write(const v1::CheckpointRequest& request, absl::Time deadline, bool as_is,
                      v1::CheckpointResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteOld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PeriodicLoop();

@@ -140,12 +140,12 @@ int main(int argc, char** argv) {
   (*server)->Shutdown(grace);
   (*server)->Wait();
   if (!options.checkpoint.directory.empty() && absl::GetFlag(FLAGS_checkpoint_on_exit)) {
-    // Serving has stopped: the cut is the workers' latest step, reached once
-    // the pushes that were cut off are out (or the grace runs out).
-    ember::v1::CheckpointRequest request;
-    request.set_incremental(options.checkpoint.incremental);
+    // Serving has stopped: the state is cut as it is, every worker's
+    // progress recorded (workers at different steps would never reach a
+    // common cut now).
     ember::v1::CheckpointResponse response;
-    absl::Status s = (*server)->checkpointer().Checkpoint(request, absl::Now() + grace, &response);
+    absl::Status s = (*server)->checkpointer().CheckpointOnExit(options.checkpoint.incremental,
+                                                                absl::Now() + grace, &response);
     if (!s.ok()) spdlog::error("checkpoint on exit failed: {}", s.ToString());
   }
   spdlog::info("stopped");

@@ -1,6 +1,7 @@
 #include "server/shard.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -273,18 +274,27 @@ void Shard::SetMetrics(ShardMetrics* metrics) {
 }
 
 absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool delta,
-                                              absl::Time deadline) {
+                                              absl::Time deadline, bool as_is) {
   std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
   ShardSnapshot snap;
   const absl::Time start = absl::Now();
-  snap.step = step.has_value() ? *step : clock_.LatestStep();
-  EMBER_RETURN_IF_ERROR(clock_.HoldAfter(snap.step));
-  absl::Cleanup release = [&] { clock_.ReleaseHold(); };
-  if (snap.step >= 0) {
-    EMBER_RETURN_IF_ERROR(clock_.WaitFor(
-        snap.step, deadline, absl::StrCat("checkpoint at step ", snap.step)));
+  bool holding = false;
+  absl::Cleanup release = [&] {
+    if (holding) clock_.ReleaseHold();
+  };
+  if (as_is) {
+    const int64_t min_applied = clock_.MinApplied();
+    snap.step = min_applied == std::numeric_limits<int64_t>::max() ? -1 : min_applied;
+  } else {
+    snap.step = step.has_value() ? *step : clock_.LatestStep();
+    EMBER_RETURN_IF_ERROR(clock_.HoldAfter(snap.step));
+    holding = true;
+    if (snap.step >= 0) {
+      EMBER_RETURN_IF_ERROR(clock_.WaitFor(
+          snap.step, deadline, absl::StrCat("checkpoint at step ", snap.step)));
+    }
   }
-  snap.workers = clock_.AppliedSteps();
+  snap.workers = clock_.Workers();
   const absl::Time cut = absl::Now();
   snap.cut_wait = cut - start;
 
@@ -349,7 +359,7 @@ uint64_t Shard::ExpireRows(absl::Duration since_start) {
 }
 
 void Shard::InstallRestored(std::vector<RestoredTable> restored,
-                            const std::map<uint32_t, int64_t>& workers, const std::string& source) {
+                            const std::map<uint32_t, SspClock::Progress>& workers, const std::string& source) {
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables;
   for (RestoredTable& r : restored) {
     auto table = std::make_shared<Table>(Table{std::move(r.config), std::move(r.store)});
@@ -362,7 +372,7 @@ void Shard::InstallRestored(std::vector<RestoredTable> restored,
     restored_from_ = source;
   }
   for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
-  for (const auto& [id, applied] : workers) clock_.Register(id, applied + 1);
+  for (const auto& [id, progress] : workers) clock_.Restore(id, progress);
 }
 
 absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,

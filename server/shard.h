@@ -44,8 +44,8 @@ struct ShardSnapshot {
   };
   // The cut; -1 when no worker was registered and no step was asked for.
   int64_t step = -1;
-  // Registered workers' applied steps at the cut.
-  std::map<uint32_t, int64_t> workers;
+  // Registered workers' progress at the cut.
+  std::map<uint32_t, SspClock::Progress> workers;
   std::vector<Table> tables;  // sorted by name
   absl::Duration cut_wait;    // waiting for the workers to reach the cut
   absl::Duration copy;        // copying the tables, later pushes held
@@ -131,8 +131,14 @@ class Shard {
   // says which did). One snapshot at a time (later callers wait).
   // FAILED_PRECONDITION if a worker already pushed past `step`;
   // DEADLINE_EXCEEDED naming the slowest worker.
+  //
+  // `as_is`: for a shard that has stopped serving (the checkpoint on exit),
+  // where workers at different steps would never reach a common cut: nothing
+  // is held or waited for, `step` is ignored, the snapshot holds every
+  // worker's progress as it is (gaps included) and its step is the smallest
+  // worker's applied step.
   absl::StatusOr<ShardSnapshot> Snapshot(std::optional<int64_t> step, bool delta,
-                                         absl::Time deadline);
+                                         absl::Time deadline, bool as_is = false);
 
   // Advances the TTL time of every table with a TTL (`since_start` in
   // seconds, or the latest step any registered worker has pushed) and
@@ -144,7 +150,7 @@ class Shard {
   // Only before serving: requests running meanwhile may see either state.
   // `source` names the checkpoint (GetShardInfo.restored_from).
   void InstallRestored(std::vector<RestoredTable> tables,
-                       const std::map<uint32_t, int64_t>& workers, const std::string& source);
+                       const std::map<uint32_t, SspClock::Progress>& workers, const std::string& source);
 
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);

@@ -153,6 +153,23 @@ void SspClock::ReleaseHold() {
   released_.notify_all();
 }
 
+std::map<uint32_t, SspClock::Progress> SspClock::Workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<uint32_t, Progress> out;
+  for (const auto& [id, w] : workers_) {
+    out[id] = Progress{w.applied, std::vector<int64_t>(w.done_ahead.begin(), w.done_ahead.end())};
+  }
+  return out;
+}
+
+void SspClock::Restore(uint32_t worker, const Progress& progress) {
+  std::lock_guard<std::mutex> lock(mu_);
+  workers_[worker] = Worker{progress.applied,
+                            std::set<int64_t>(progress.done_ahead.begin(), progress.done_ahead.end()),
+                            {}};
+  advanced_.notify_all();
+}
+
 std::map<uint32_t, int64_t> SspClock::AppliedSteps() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<uint32_t, int64_t> out;

@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -63,6 +64,18 @@ class SspClock {
   bool Ready(int64_t required, std::optional<std::pair<uint32_t, int64_t>> pushed) const;
   // Each registered worker's applied step.
   std::map<uint32_t, int64_t> AppliedSteps() const;
+
+  // What a worker has applied: every step <= applied, and the later steps
+  // that completed out of order.
+  struct Progress {
+    int64_t applied = -1;
+    std::vector<int64_t> done_ahead;  // ascending, all > applied + 1
+  };
+  // Each registered worker's progress (a checkpoint records it).
+  std::map<uint32_t, Progress> Workers() const;
+  // Registers `worker` (or resets it) with exactly `progress` (a restore), so
+  // that a retry of any step it holds is a duplicate.
+  void Restore(uint32_t worker, const Progress& progress);
   // The latest step any registered worker has applied or claimed; -1 if none.
   int64_t LatestStep() const;
 
