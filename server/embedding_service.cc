@@ -17,9 +17,29 @@
     (reactor)->Finish(ToGrpcStatus(denied));                                         \
     return reactor;                                                                  \
   }
+// A call over its connection's or the shard's in-flight bytes is refused
+// before it runs (see server/inflight_limit.h); `ticket` holds its bytes.
+#define EMBER_ADMIT_SYNC(ticket, context, request, rpc)                       \
+  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, request, rpc);   \
+  if (!ticket.ok()) return ToGrpcStatus(ticket.status());
+#define EMBER_ADMIT_REACTOR(ticket, context, request, rpc, reactor)          \
+  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, request, rpc);   \
+  if (!ticket.ok()) {                                                        \
+    (reactor)->Finish(ToGrpcStatus(ticket.status()));                        \
+    return reactor;                                                          \
+  }
 
 namespace ember {
 namespace {
+
+using Ticket = std::shared_ptr<const InflightLimit::Ticket>;
+
+// The call's in-flight ticket; null without a limit.
+absl::StatusOr<Ticket> Admit(InflightLimit* limit, const grpc::ServerContextBase& context,
+                             const google::protobuf::Message& request, absl::string_view rpc) {
+  if (limit == nullptr) return Ticket();
+  return limit->Acquire(context.peer(), request.ByteSizeLong(), rpc);
+}
 
 // A call whose deadline passed while it queued is not worth starting.
 bool Expired(const grpc::ServerContextBase* context) {
@@ -88,6 +108,7 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Lookup");
+  EMBER_ADMIT_SYNC(ticket, *context, *request, "Lookup");
   return Measured(ShardMetrics::Rpc::kLookup, [&] { return shard_->Lookup(*request, response, Deadline(context)); });
 }
 
@@ -96,6 +117,7 @@ grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         v1::PushResponse* response) {
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Push");
+  EMBER_ADMIT_SYNC(ticket, *context, *request, "Push");
   return Measured(ShardMetrics::Rpc::kPush, [&] { return shard_->Push(*request, response); });
 }
 
@@ -104,6 +126,7 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
                                             v1::ExchangeResponse* response) {
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Exchange");
+  EMBER_ADMIT_SYNC(ticket, *context, *request, "Exchange");
   return Measured(ShardMetrics::Rpc::kExchange,
                   [&] { return shard_->Exchange(*request, response, Deadline(context)); });
 }
@@ -119,6 +142,7 @@ grpc::Status EmbeddingServiceImpl::ExchangeStream(
   v1::ExchangeResponse response;
   while (stream->Read(&request)) {
     const absl::Time deadline = std::min(Deadline(context), absl::Now() + timeout);
+    EMBER_ADMIT_SYNC(ticket, *context, request, "ExchangeStream");
     grpc::Status status = Measured(ShardMetrics::Rpc::kExchange,
                                    [&] { return shard_->Exchange(request, &response, deadline); });
     if (!status.ok()) return status;
@@ -165,7 +189,9 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Lookup(grpc::CallbackServerC
     return reactor;
   }
   EMBER_AUTHORIZE_REACTOR(*context, "Lookup", reactor);
-  RunLookup(shard_->MayWait(*request), [this, reactor, context, request, response] {
+  EMBER_ADMIT_REACTOR(ticket, *context, *request, "Lookup", reactor);
+  RunLookup(shard_->MayWait(*request), [this, reactor, context, request, response,
+                                        ticket = *std::move(ticket)] {
     reactor->Finish(MeasuredCall(metrics_, ShardMetrics::Rpc::kLookup, [&] {
       return shard_->Lookup(*request, response, Deadline(context));
     }));
@@ -178,6 +204,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Push(grpc::CallbackServerCon
                                                          v1::PushResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   EMBER_AUTHORIZE_REACTOR(*context, "Push", reactor);
+  EMBER_ADMIT_REACTOR(ticket, *context, *request, "Push", reactor);
   reactor->Finish(Expired(context) ? kExpired
                                    : MeasuredCall(metrics_, ShardMetrics::Rpc::kPush, [&] {
                                        return shard_->Push(*request, response);
@@ -216,8 +243,11 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
     return reactor;
   }
   EMBER_AUTHORIZE_REACTOR(*context, "Exchange", reactor);
+  EMBER_ADMIT_REACTOR(ticket, *context, *request, "Exchange", reactor);
   RunExchange(request, response, Deadline(context),
-              [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
+              [reactor, ticket = *std::move(ticket)](const absl::Status& status) {
+                reactor->Finish(ToGrpcStatus(status));
+              });
   return reactor;
 }
 
@@ -244,7 +274,14 @@ class EmbeddingCallbackService::StreamReactor final
       return;
     }
     const absl::Time deadline = std::min(Deadline(context_), absl::Now() + timeout_);
-    service_->RunExchange(&request_, &response_, deadline, [this](const absl::Status& status) {
+    absl::StatusOr<Ticket> ticket =
+        Admit(service_->inflight_, *context_, request_, "ExchangeStream");
+    if (!ticket.ok()) {
+      Finish(ToGrpcStatus(ticket.status()));
+      return;
+    }
+    service_->RunExchange(&request_, &response_, deadline,
+                          [this, ticket = *std::move(ticket)](const absl::Status& status) {
       if (status.ok()) {
         StartWrite(&response_);
       } else {

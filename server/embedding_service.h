@@ -7,6 +7,7 @@
 #pragma once
 
 #include "ember/v1/embedding_service.grpc.pb.h"
+#include "server/inflight_limit.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 #include "server/token_auth.h"
@@ -16,10 +17,11 @@ namespace ember {
 
 class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
  public:
-  // `shard`, `metrics` (null: none) and `auth` (null: no authentication)
-  // must outlive the service.
-  EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics, const TokenAuth* auth = nullptr)
-      : shard_(shard), metrics_(metrics), auth_(auth) {}
+  // `shard`, `metrics` (null: none), `auth` (null: no authentication) and
+  // `inflight` (null: no limit) must outlive the service.
+  EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics, const TokenAuth* auth = nullptr,
+                       InflightLimit* inflight = nullptr)
+      : shard_(shard), metrics_(metrics), auth_(auth), inflight_(inflight) {}
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
@@ -46,6 +48,7 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
   Shard* shard_;
   ShardMetrics* metrics_;
   const TokenAuth* auth_;
+  InflightLimit* inflight_;
 };
 
 class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackService {
@@ -55,8 +58,9 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
   // every lookup does (pushes always run inline: they never wait, and a
   // lookup may be waiting for one).
   EmbeddingCallbackService(Shard* shard, ShardMetrics* metrics, int pool_threads,
-                           bool all_lookups_on_pool, const TokenAuth* auth = nullptr)
-      : shard_(shard), metrics_(metrics), auth_(auth), pool_(pool_threads),
+                           bool all_lookups_on_pool, const TokenAuth* auth = nullptr,
+                           InflightLimit* inflight = nullptr)
+      : shard_(shard), metrics_(metrics), auth_(auth), inflight_(inflight), pool_(pool_threads),
         all_lookups_on_pool_(all_lookups_on_pool) {}
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
@@ -96,6 +100,7 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
   Shard* shard_;
   ShardMetrics* metrics_;
   const TokenAuth* auth_;
+  InflightLimit* inflight_;
   WorkPool pool_;
   const bool all_lookups_on_pool_;
 };

@@ -2,8 +2,8 @@
 // serving tables: per table, rows only (fp32 or fp16), keys sorted, in the
 // format ember::ServingTable reads (client/include/ember/serving_table.h).
 //
-//   ember-export --checkpoints=/ckpt/s0/cluster-199-...,/ckpt/s1/cluster-199-... \
-//       --out=/models/v3 [--dtype=fp16] [--tables=user,item]
+//   ember-export --checkpoints=/ckpt/s0/cluster-199-...,/ckpt/s1/cluster-199-...
+//       --out=/models/v3 [--dtype=fp16] [--tables=user,item]      (one command line)
 #include <cstdio>
 #include <map>
 

@@ -58,6 +58,12 @@ ABSL_FLAG(uint32_t, max_tables, 1024, "Most tables on this shard.");
 ABSL_FLAG(uint64_t, max_rows, 0,
           "Most rows over all of this shard's tables; writing lookups and pushes that would "
           "insert past it are refused (RESOURCE_EXHAUSTED); 0: no shard-wide limit.");
+ABSL_FLAG(uint64_t, max_inflight_bytes, uint64_t{1} << 30,
+          "Request bytes the calls running at once may hold over all connections; beyond, "
+          "RESOURCE_EXHAUSTED. 0: no limit.");
+ABSL_FLAG(uint64_t, max_inflight_bytes_per_connection, uint64_t{512} << 20,
+          "Request bytes the calls of one connection may hold at once; beyond, "
+          "RESOURCE_EXHAUSTED. 0: no limit.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "Lines of '<token> <role>' (role trainer or admin): every call must carry "
           "'authorization: Bearer <token>'; empty: no authentication.");
@@ -93,6 +99,8 @@ int main(int argc, char** argv) {
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.inflight.total = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.inflight.per_connection = absl::GetFlag(FLAGS_max_inflight_bytes_per_connection);
   options.shard.max_tables = absl::GetFlag(FLAGS_max_tables);
   options.shard.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);

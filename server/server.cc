@@ -17,14 +17,14 @@ namespace ember {
 
 struct Server::Services {
   Services(const ServerOptions& options, Shard* shard, ShardMetrics* metrics,
-           Checkpointer* checkpointer, const TokenAuth* auth)
+           Checkpointer* checkpointer, const TokenAuth* auth, InflightLimit* inflight)
       : admin(shard, checkpointer, auth) {
     if (options.rpc_mode == ServerOptions::RpcMode::kSync) {
-      embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics, auth);
+      embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics, auth, inflight);
     } else {
       embedding_callback = std::make_unique<EmbeddingCallbackService>(
           shard, metrics, options.worker_threads,
-          options.rpc_mode == ServerOptions::RpcMode::kCallbackPool, auth);
+          options.rpc_mode == ServerOptions::RpcMode::kCallbackPool, auth, inflight);
     }
   }
   grpc::Service* embedding() {
@@ -114,9 +114,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     spdlog::info("authentication: {} bearer tokens from {}", server->auth_->size(),
                  options.auth_tokens_file);
   }
+  server->inflight_ = std::make_unique<InflightLimit>(options.inflight, server->metrics_.get());
   server->services_ = std::make_unique<Services>(options, server->shard_.get(),
                                                  server->metrics_.get(), server->checkpointer_.get(),
-                                                 server->auth_.get());
+                                                 server->auth_.get(), server->inflight_.get());
   if (options.metrics_port >= 0) {
     EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
                            MetricsHttpServer::Start(options.address, options.metrics_port,

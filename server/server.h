@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "server/checkpointer.h"
+#include "server/inflight_limit.h"
 #include "common/tls.h"
 #include "server/shard.h"
 #include "server/token_auth.h"
@@ -59,6 +60,9 @@ struct ServerOptions {
   // Bearer tokens and their roles (server/token_auth.h); empty: every call
   // is accepted.
   std::string auth_tokens_file;
+  // Request bytes calls may hold at once, per connection and in total
+  // (server/inflight_limit.h); beyond, RESOURCE_EXHAUSTED.
+  InflightLimit::Options inflight{.total = uint64_t{1} << 30, .per_connection = uint64_t{512} << 20};
 
   absl::Status Validate() const;
 };
@@ -93,6 +97,7 @@ class Server {
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<TokenAuth> auth_;  // null: no authentication
+  std::unique_ptr<InflightLimit> inflight_;  // outlives the services' calls
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

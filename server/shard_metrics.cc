@@ -47,6 +47,10 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
                                         "ExchangeStream calls open now (about one per trainer "
                                         "process and shard in the steady state).")
                                 .With({})),
+      inflight_request_bytes(r->AddGauge("ember_inflight_request_bytes",
+                                         "Request bytes held by calls running now "
+                                         "(--max_inflight_bytes bounds it).")
+                                 .With({})),
       registry_(r),
       calls_(r->AddCounter("ember_rpc_requests_total", "RPCs answered, by method and status code.",
                            {"rpc", "code"})),
@@ -72,6 +76,10 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
                                  "Calls refused for want of a known bearer token "
                                  "(UNAUTHENTICATED) or of the role (PERMISSION_DENIED).",
                                  {"rpc", "code"})),
+      inflight_refused_(r->AddCounter("ember_inflight_refused_total",
+                                      "Calls refused with RESOURCE_EXHAUSTED by the in-flight "
+                                      "request bytes limit of their connection or of the shard.",
+                                      {"scope"})),
       ssp_wait_(&r->AddHistogram("ember_ssp_wait_seconds",
                                  "Time lookups carrying a step waited for slower workers.", {})
                      .With({})),
@@ -159,6 +167,10 @@ ShardMetrics::TableSeries* ShardMetrics::Table(const std::string& name) {
 void ShardMetrics::TableError(const std::string& table, absl::string_view rpc,
                               absl::StatusCode code) {
   table_errors_.With({table, std::string(rpc), absl::StatusCodeToString(code)}).Add();
+}
+
+void ShardMetrics::RecordInflightRefusal(absl::string_view scope) {
+  inflight_refused_.With({std::string(scope)}).Add();
 }
 
 void ShardMetrics::RecordAuthDenied(absl::string_view rpc, absl::StatusCode code) {

@@ -48,6 +48,8 @@ class ShardMetrics {
   void TableError(const std::string& table, absl::string_view rpc, absl::StatusCode code);
   // A call refused by --auth_tokens_file (UNAUTHENTICATED or PERMISSION_DENIED).
   void RecordAuthDenied(absl::string_view rpc, absl::StatusCode code);
+  // A call refused by the in-flight limit of its `scope`: "connection" or "total".
+  void RecordInflightRefusal(absl::string_view scope);
 
   // How long lookups carrying a step waited for slower workers.
   metrics::Histogram& ssp_wait() { return *ssp_wait_; }
@@ -67,6 +69,8 @@ class ShardMetrics {
   // ExchangeStream: streams opened since start, and open now.
   metrics::Counter& exchange_streams_opened;
   metrics::Gauge& exchange_streams_open;
+  // Request bytes held by calls running now (server/inflight_limit.h).
+  metrics::Gauge& inflight_request_bytes;
 
   // Checkpoints: one finished (`kind` full or delta, `ok` or the status
   // code's name), and the last success's figures.
@@ -86,6 +90,7 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_missing_;
   metrics::Family<metrics::Counter>& table_errors_;
   metrics::Family<metrics::Counter>& auth_denied_;
+  metrics::Family<metrics::Counter>& inflight_refused_;
   metrics::Histogram* ssp_wait_;
   metrics::Family<metrics::Counter>& checkpoints_;
   metrics::Gauge& checkpoint_last_success_;

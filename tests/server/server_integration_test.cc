@@ -6,9 +6,11 @@
 
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/wire.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -353,6 +355,84 @@ TEST(ServerStartupTest, ASecondServerOnATakenPortRefusesToStartNamingThePort) {
   EXPECT_NE(out.find("port " + port + " is in use"), std::string::npos) << out;
   EXPECT_EQ(out.find("EMBER_READY"), std::string::npos) << out;
   EXPECT_OK(CheckHealth((*first)->address(), absl::Seconds(10)));  // the first still serves
+}
+
+// A lookup waiting for the consistency clock holds its request's bytes, so
+// the limits can be shown over the wire: per connection, then in total.
+TEST(ServerLimitsTest, InflightRequestBytesAreBoundedPerConnectionAndInTotal) {
+  const std::string config = TempPath("inflight_tables.textproto");
+  std::ofstream(config) << R"pb(tables {
+    name: "t" dim: 4 initializer { zeros {} } optimizer { sgd { learning_rate: 0.1 } }
+  })pb";
+  auto server = ServerProcess::Start({"--shard_index=0", "--shard_count=2",
+                                      "--table_config_file=" + config,
+                                      "--max_inflight_bytes=6000",
+                                      "--max_inflight_bytes_per_connection=4000"});
+  ASSERT_OK(server);
+  // Separate connections: channels with distinct arguments are not shared.
+  auto channel = [&](int i) {
+    grpc::ChannelArguments args;
+    args.SetInt("ember.test.connection", i);
+    return v1::EmbeddingService::NewStub(grpc::CreateCustomChannel(
+        (*server)->address(), grpc::InsecureChannelCredentials(), args));
+  };
+  auto first = channel(1), second = channel(2), third = channel(3);
+  {
+    v1::RegisterWorkerRequest reg;
+    reg.set_worker_id(0);
+    v1::RegisterWorkerResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(first->RegisterWorker(&ctx, reg, &resp).ok());
+  }
+  const std::vector<uint64_t> keys = OwnedKeys(0, 2, 430);
+  auto lookup = [&](size_t n, bool wait) {
+    v1::LookupRequest req;
+    auto* t = req.add_tables();
+    t->set_table("t");
+    t->set_keys(PackKeys({keys.data(), n}));
+    t->set_read_only(true);
+    if (wait) req.set_step(5);  // worker 0 has applied nothing: waits
+    return req;
+  };
+  auto call = [](v1::EmbeddingService::Stub& stub, const v1::LookupRequest& req,
+                 std::chrono::milliseconds timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    v1::LookupResponse resp;
+    return stub.Lookup(&ctx, req, &resp);
+  };
+  ASSERT_GT(lookup(370, true).ByteSizeLong(), 2960u);
+  grpc::Status waited;
+  std::thread holder([&] { waited = call(*first, lookup(370, true), std::chrono::milliseconds(3000)); });
+  absl::SleepFor(absl::Milliseconds(800));  // the waiting lookup holds ~3,000 bytes now
+  const grpc::Status same_connection = call(*first, lookup(250, false), std::chrono::milliseconds(5000));
+  EXPECT_EQ(same_connection.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << same_connection.error_message();
+  EXPECT_NE(same_connection.error_message().find("--max_inflight_bytes_per_connection"),
+            std::string::npos) << same_connection.error_message();
+  const grpc::Status other_connection = call(*second, lookup(250, false), std::chrono::milliseconds(5000));
+  EXPECT_TRUE(other_connection.ok()) << other_connection.error_message();
+  const grpc::Status over_total = call(*third, lookup(430, false), std::chrono::milliseconds(5000));
+  EXPECT_EQ(over_total.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over_total.error_message();
+  EXPECT_NE(over_total.error_message().find("on this shard, limit 6000 (--max_inflight_bytes)"),
+            std::string::npos) << over_total.error_message();
+  holder.join();
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
+  // Its bytes are given back once the shard has ended the call (just after
+  // the client saw its deadline): both calls pass then.
+  auto eventually_ok = [&](v1::EmbeddingService::Stub& stub, size_t n) {
+    grpc::Status s;
+    for (int i = 0; i < 40; ++i) {
+      s = call(stub, lookup(n, false), std::chrono::milliseconds(5000));
+      if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return s;
+  };
+  const grpc::Status after_first = eventually_ok(*first, 250);
+  EXPECT_TRUE(after_first.ok()) << after_first.error_message();
+  const grpc::Status after_third = eventually_ok(*third, 430);
+  EXPECT_TRUE(after_third.ok()) << after_third.error_message();
 }
 
 TEST(ServerStartupTest, InvalidFlagsMakeTheServerExitWithAnError) {
