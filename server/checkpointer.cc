@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -340,7 +341,15 @@ absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
   const std::string dir = ParentDir(path);
   std::string current = path;
   while (true) {
-    EMBER_ASSIGN_OR_RETURN(v1::CheckpointManifest m, ReadManifest(fs, current));
+    absl::StatusOr<v1::CheckpointManifest> read = ReadManifest(fs, current);
+    if (!read.ok()) {
+      if (current == path) return read.status();
+      // A parent's error alone would not say which checkpoint was asked for.
+      return absl::Status(read.status().code(),
+                          absl::StrCat("checkpoint '", path, "': its parent '", BaseName(current),
+                                       "': ", read.status().message()));
+    }
+    v1::CheckpointManifest m = *std::move(read);
     // A checkpoint is its directory: a copied or renamed one reads its own
     // files (LoadChain joins the id), never those of the directory it was
     // copied from.
@@ -374,6 +383,14 @@ absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
     const std::string parent = m.parent_id();
     chain.push_back(std::move(m));
     if (!delta) break;
+    // The parent is a sibling directory: a name that climbs out of the
+    // checkpoint directory would read whatever it points at.
+    if (parent.empty() || parent == "." || parent == ".." ||
+        parent.find('/') != std::string::npos || parent.find('\0') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat("checkpoint file '", where, "': parent_id '",
+                                              absl::CHexEscape(parent),
+                                              "' is not the name of a checkpoint beside it"));
+    }
     if (chain.size() > 100000) {
       return absl::DataLossError(absl::StrCat("checkpoint '", path, "': its chain of deltas loops"));
     }

@@ -3,8 +3,8 @@
 // laid out as tests/fuzz/checkpoint_input.h says.
 //
 // Checked besides memory safety and undefined behaviour: a refusal names the
-// file it refuses, and a table file that loads holds no more rows
-// than its manifest entry says.
+// checkpoint asked for (a refused parent is named beside it), and a table
+// file that loads holds no more rows than its manifest entry says.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       LoadCheckpointTables(&fs, fuzz::kDir, &manifest);
   if (!tables.ok()) {
     if (tables.status().message().find(fuzz::kDir) == std::string::npos) {
-      fprintf(stderr, "checkpoint_fuzzer: refusal names no file: %s\n",
+      fprintf(stderr, "checkpoint_fuzzer: refusal does not name the checkpoint: %s\n",
               tables.status().ToString().c_str());
       abort();
     }

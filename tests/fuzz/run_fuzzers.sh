@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with Clang (ASan + UBSan) into build-fuzz/ and
-# runs each for a bounded time on its corpus: the seeds fuzz_corpus writes
-# plus what earlier runs found (build-fuzz/corpus/<target>, kept between
-# runs). Fails on the first crash, leak, timeout or broken invariant, leaving
-# the input as build-fuzz/artifacts/<target>/crash-*. Prints executions and
+# runs each for a bounded time on its corpus: the seeds fuzz_corpus writes,
+# what earlier runs found (build-fuzz/corpus/<target>, kept between runs) and
+# the inputs that once failed (tests/fuzz/regressions/<target>, checked in).
+# Fails on the first crash, leak, timeout or broken invariant, leaving the
+# input as build-fuzz/artifacts/<target>/crash-*. Prints executions and
 # coverage per target.
 #   bash tests/fuzz/run_fuzzers.sh [seconds per target, default 60] [targets...]
 #   bash tests/fuzz/run_fuzzers.sh 1200      # the long run (docs/testing.md)
@@ -25,10 +26,13 @@ summary=()
 for t in "${TARGETS[@]}"; do
   mkdir -p "build-fuzz/corpus/$t" "build-fuzz/artifacts/$t"
   log="build-fuzz/artifacts/$t/last_run.log"
+  # Inputs that once failed (checked in): run first, like every corpus unit.
+  regressions=()
+  [ -d "tests/fuzz/regressions/$t" ] && regressions=("tests/fuzz/regressions/$t")
   echo "== fuzzing $t for ${SECONDS_PER_TARGET}s"
   if ! "build-fuzz/tests/fuzz/$t" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$t/" \
-      "build-fuzz/corpus/$t" "build-fuzz/seeds/$t" >"$log" 2>&1; then
+      "build-fuzz/corpus/$t" "build-fuzz/seeds/$t" "${regressions[@]}" >"$log" 2>&1; then
     grep -v "^#[0-9]" "$log" | tail -60
     echo "run_fuzzers: $t found a failure; input saved under build-fuzz/artifacts/$t/" >&2
     exit 1

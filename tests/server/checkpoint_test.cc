@@ -28,6 +28,10 @@ ShardOptions Options(uint32_t index = 0, uint32_t count = 2) {
   return o;
 }
 
+std::string BaseNameOf(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
 std::string FreshDir(const std::string& name) {
   const std::string dir = JoinPath(::testing::TempDir(), name);
   EXPECT_OK(FileSystem::Posix()->RemoveAll(dir));
@@ -487,6 +491,50 @@ TEST_F(CheckpointTest, ACopiedCheckpointRestoresFromItsOwnFiles) {
   v1::GetShardInfoResponse info;
   (*restored)->GetShardInfo(&info);
   EXPECT_EQ(info.restored_from(), copy);
+}
+
+// Found by tests/fuzz (checkpoint_fuzzer): a delta's parent_id was joined to
+// the checkpoint directory as it stood, so "../elsewhere/ckpt" read a
+// checkpoint outside it, and a missing parent's error named only the parent.
+TEST_F(CheckpointTest, ADeltaWhoseParentIdLeavesTheDirectoryIsRefused) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 5);
+  auto base = Take(checkpointer, /*incremental=*/true);
+  ASSERT_OK(base);
+  Train(5, 7);
+  auto delta = Take(checkpointer, true);
+  ASSERT_OK(delta);
+  ASSERT_EQ(delta->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+  // The base moved out of the directory; the delta names it by a path.
+  const std::string outside = dir_ + "-outside";
+  ASSERT_OK(FileSystem::Posix()->RemoveAll(outside));
+  std::filesystem::create_directories(outside);
+  std::filesystem::rename(base->path(), JoinPath(outside, base->manifest().id()));
+  auto m = ReadManifest(FileSystem::Posix(), delta->path());
+  ASSERT_OK(m);
+  const std::string escaping = "../" + BaseNameOf(outside) + "/" + base->manifest().id();
+  m->set_parent_id(escaping);
+  ASSERT_OK(WriteManifest(FileSystem::Posix(), delta->path(), *m));
+
+  auto restored = Restored(delta->path());
+  ASSERT_FALSE(restored.ok());
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss) << restored.status();
+  EXPECT_NE(restored.status().message().find("parent_id '" + escaping + "'"), std::string::npos)
+      << restored.status();
+  EXPECT_NE(restored.status().message().find(delta->path()), std::string::npos)
+      << restored.status();
+
+  // A plain name that is not there: the error names the delta asked for.
+  m->set_parent_id("ckpt-missing");
+  ASSERT_OK(WriteManifest(FileSystem::Posix(), delta->path(), *m));
+  restored = Restored(delta->path());
+  ASSERT_FALSE(restored.ok());
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kNotFound) << restored.status();
+  EXPECT_NE(restored.status().message().find("checkpoint '" + delta->path() + "': its parent "
+                                             "'ckpt-missing'"),
+            std::string::npos)
+      << restored.status();
+  ASSERT_OK(FileSystem::Posix()->RemoveAll(outside));
 }
 
 // Found by tests/soak (ember-soak): on SIGTERM the checkpoint on exit cut at
