@@ -438,7 +438,13 @@ absl::StatusOr<std::vector<RestoredTable>> LoadChain(
       RestoredTable table;
       if (entry.full()) {
         table.config = entry.config();
-        EMBER_ASSIGN_OR_RETURN(table.store, NewStore(*config, device));
+        absl::StatusOr<std::unique_ptr<EmbeddingStore>> store = NewStore(*config, device);
+        if (!store.ok()) {  // e.g. a capacity this device cannot hold
+          return absl::Status(store.status().code(),
+                              absl::StrCat("checkpoint file '", where, "': table '", name, "': ",
+                                           store.status().message()));
+        }
+        table.store = *std::move(store);
       } else {
         auto it = tables.find(name);
         if (it == tables.end()) {

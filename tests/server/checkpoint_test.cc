@@ -537,6 +537,26 @@ TEST_F(CheckpointTest, ADeltaWhoseParentIdLeavesTheDirectoryIsRefused) {
   ASSERT_OK(FileSystem::Posix()->RemoveAll(outside));
 }
 
+// Found by tests/fuzz (checkpoint_fuzzer): a manifest's table config that
+// converts but that no store can hold (a capacity beyond a shard's) was
+// refused without naming the checkpoint.
+TEST_F(CheckpointTest, AManifestTableNoStoreCanHoldIsRefusedNamingTheFile) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 3);
+  auto taken = Take(checkpointer);
+  ASSERT_OK(taken);
+  auto m = ReadManifest(FileSystem::Posix(), taken->path());
+  ASSERT_OK(m);
+  m->mutable_tables(0)->mutable_config()->set_capacity(4980696032u);
+  ASSERT_OK(WriteManifest(FileSystem::Posix(), taken->path(), *m));
+  auto restored = Restored(taken->path());
+  ASSERT_FALSE(restored.ok());
+  EXPECT_NE(restored.status().message().find(JoinPath(taken->path(), "MANIFEST")),
+            std::string::npos)
+      << restored.status();
+  EXPECT_NE(restored.status().message().find("capacity"), std::string::npos) << restored.status();
+}
+
 // Found by tests/soak (ember-soak): on SIGTERM the checkpoint on exit cut at
 // the latest step any worker had pushed and waited for the others to reach
 // it, which they never could with serving stopped: it timed out and every
