@@ -51,7 +51,7 @@ ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: a
 ABSL_FLAG(bool, merge_pipelines, true,
           "The pipelines share a StepMerger: one request per shard per node step for all of them "
           "(false: each pipeline sends its own).");
-ABSL_FLAG(bool, exchange_streams, false,
+ABSL_FLAG(bool, exchange_streams, true,
           "Step exchanges travel on one long-lived ExchangeStream per shard (false: a unary "
           "Exchange call per step and shard).");
 ABSL_FLAG(std::string, auth_token, "",

@@ -45,8 +45,13 @@ void ExchangeStream::Send(const v1::ExchangeRequest* request, v1::ExchangeRespon
     done_ = std::move(done);
     pending_ = 2;
   }
-  StartRead(response);
+  // The write goes first. A read started first on a broken stream can fail at
+  // once; OnReadDone then removes the hold, gRPC ends the call and frees its
+  // state, and a StartWrite issued after that touches freed memory (found
+  // under ASan by the kill-and-restart pipeline test). An outstanding write
+  // keeps the call alive until the read is started.
   StartWrite(request);
+  StartRead(response);
 }
 
 void ExchangeStream::CancelForDeadline() {
@@ -121,8 +126,9 @@ void ExchangeStream::OnDone(const grpc::Status& status) {
       // The shard ended the stream without answering (it is shutting down).
       result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the shard closed the exchange stream");
     }
+    // Under the lock: once it is released the destructor may free *this.
+    cv_.notify_all();
   }
-  cv_.notify_all();
   if (done != nullptr) done(std::move(result));
 }
 

@@ -200,6 +200,73 @@ class PipelineIntegrationTest : public ::testing::Test {
 
   std::vector<std::unique_ptr<ServerProcess>> shards_;
   std::unique_ptr<Client> client_;
+  // Trains while shard 1 is SIGKILLed and restarted on its port: the
+  // trainer's calls are retried, the run completes. Streams or unary calls.
+  void KillAndRestartShardMidRun(bool streams) {
+    // Tables come from a config file so that the restarted shard has them.
+    const std::string config = TempPath("pipeline_tables.textproto");
+    {
+      v1::TableConfigList list;
+      *list.add_tables() = SmallTable("a", 1);
+      *list.add_tables() = SmallTable("b", 2);
+      std::string text;
+      ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(list, &text));
+      std::ofstream(config) << text;
+    }
+    absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> shards =
+        StartCluster(2, {"--table_config_file=" + config});
+    ASSERT_OK(shards);
+    shards_ = std::move(*shards);
+    ClientOptions options = OptionsFor(shards_);
+    options.exchange_streams = streams;
+    options.retry_budget = absl::Seconds(60);
+    options.max_backoff = absl::Milliseconds(200);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    ASSERT_OK(client);
+    client_ = std::move(*client);
+    ClientOptions impatient = options;
+    impatient.retry_budget = absl::Milliseconds(300);
+    absl::StatusOr<std::unique_ptr<Client>> quick = Client::Connect(impatient);
+    ASSERT_OK(quick);
+  
+    absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
+    ASSERT_OK(pipe);
+    constexpr int kSteps = 2000;  // far more than run before the kill below
+    absl::Status trained;
+    std::atomic<bool> done{false};
+    std::thread trainer([&] {
+      trained = Train(**pipe, kSteps, 0);
+      done = true;
+    });
+    for (int i = 0; i < 1000 && (*pipe)->Stats().steps_pushed < 20; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_GE((*pipe)->Stats().steps_pushed, 20);
+    const int port = shards_[1]->port();
+    absl::StatusOr<int> killed = shards_[1]->Stop(SIGKILL, absl::Seconds(10));
+    ASSERT_OK(killed);
+    // While it is down, a client with a short retry budget gets UNAVAILABLE
+    // naming the shard.
+    const std::vector<uint64_t> keys = OwnedKeys(1, 2, 4);
+    absl::StatusOr<std::vector<float>> down = (*quick)->LookupRows("a", keys);
+    EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(down.status().message().find(absl::StrCat("shard 1 (127.0.0.1:", port, ") Lookup")),
+              std::string::npos)
+        << down.status();
+    EXPECT_FALSE(done.load()) << "the trainer cannot finish while a shard is down";
+    absl::SleepFor(absl::Milliseconds(500));
+    absl::StatusOr<std::unique_ptr<ServerProcess>> restarted = ServerProcess::Start(
+        {"--shard_index=1", "--shard_count=2", absl::StrCat("--port=", port),
+         "--table_config_file=" + config});
+    ASSERT_OK(restarted);
+    shards_[1] = std::move(*restarted);
+    trainer.join();  // bounded: the retry budget is 60 s, the test timeout 300 s
+    ASSERT_OK(trained);
+    EXPECT_GT(client_->Stats().retries, 0u);
+    EXPECT_EQ((*pipe)->Stats().steps_pushed, kSteps);
+    ASSERT_OK((*pipe)->Close());
+  }
+
 };
 
 TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASingleProcessReference) {
@@ -442,67 +509,13 @@ TEST_F(PipelineIntegrationTest, UnknownTableAndMisorderedShardsAreRefusedWithCle
 }
 
 TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHang) {
-  // Tables come from a config file so that the restarted shard has them.
-  const std::string config = TempPath("pipeline_tables.textproto");
-  {
-    v1::TableConfigList list;
-    *list.add_tables() = SmallTable("a", 1);
-    *list.add_tables() = SmallTable("b", 2);
-    std::string text;
-    ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(list, &text));
-    std::ofstream(config) << text;
-  }
-  absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> shards =
-      StartCluster(2, {"--table_config_file=" + config});
-  ASSERT_OK(shards);
-  shards_ = std::move(*shards);
-  ClientOptions options = OptionsFor(shards_);
-  options.retry_budget = absl::Seconds(60);
-  options.max_backoff = absl::Milliseconds(200);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-  ASSERT_OK(client);
-  client_ = std::move(*client);
-  ClientOptions impatient = options;
-  impatient.retry_budget = absl::Milliseconds(300);
-  absl::StatusOr<std::unique_ptr<Client>> quick = Client::Connect(impatient);
-  ASSERT_OK(quick);
+  KillAndRestartShardMidRun(/*streams=*/false);
+}
 
-  absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
-  ASSERT_OK(pipe);
-  constexpr int kSteps = 2000;  // far more than run before the kill below
-  absl::Status trained;
-  std::atomic<bool> done{false};
-  std::thread trainer([&] {
-    trained = Train(**pipe, kSteps, 0);
-    done = true;
-  });
-  for (int i = 0; i < 1000 && (*pipe)->Stats().steps_pushed < 20; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_GE((*pipe)->Stats().steps_pushed, 20);
-  const int port = shards_[1]->port();
-  absl::StatusOr<int> killed = shards_[1]->Stop(SIGKILL, absl::Seconds(10));
-  ASSERT_OK(killed);
-  // While it is down, a client with a short retry budget gets UNAVAILABLE
-  // naming the shard.
-  const std::vector<uint64_t> keys = OwnedKeys(1, 2, 4);
-  absl::StatusOr<std::vector<float>> down = (*quick)->LookupRows("a", keys);
-  EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(down.status().message().find(absl::StrCat("shard 1 (127.0.0.1:", port, ") Lookup")),
-            std::string::npos)
-      << down.status();
-  EXPECT_FALSE(done.load()) << "the trainer cannot finish while a shard is down";
-  absl::SleepFor(absl::Milliseconds(500));
-  absl::StatusOr<std::unique_ptr<ServerProcess>> restarted = ServerProcess::Start(
-      {"--shard_index=1", "--shard_count=2", absl::StrCat("--port=", port),
-       "--table_config_file=" + config});
-  ASSERT_OK(restarted);
-  shards_[1] = std::move(*restarted);
-  trainer.join();  // bounded: the retry budget is 60 s, the test timeout 300 s
-  ASSERT_OK(trained);
-  EXPECT_GT(client_->Stats().retries, 0u);
-  EXPECT_EQ((*pipe)->Stats().steps_pushed, kSteps);
-  ASSERT_OK((*pipe)->Close());
+// The same on exchange streams: the streams of the killed shard break while
+// exchanges are in flight, and are replaced.
+TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunOnStreamsCostsRetriesNotAHang) {
+  KillAndRestartShardMidRun(/*streams=*/true);
 }
 
 // ---- The timeline (PipelineOptions::trace).

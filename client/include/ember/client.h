@@ -44,10 +44,7 @@ struct ClientOptions {
   // Exchange over one long-lived ExchangeStream per shard and concurrent
   // caller (no per-call setup per step); false: one unary Exchange per call.
   // A shard without ExchangeStream (older servers) gets unary calls either way.
-  // Off by default for now: under AddressSanitizer, a trainer whose shard is
-  // killed mid-stream aborted ("pure virtual method called") in the
-  // kill-and-restart test; until that is found, streams are opt-in.
-  bool exchange_streams = false;
+  bool exchange_streams = true;
   // TLS or mutual TLS to the shards (common/tls.h); plaintext by default.
   ClientTlsOptions tls;
   // Sent as "authorization: Bearer <auth_token>" on every call, for shards
