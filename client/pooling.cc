@@ -3,11 +3,17 @@
 #include <cstring>
 
 #include "client/pooling_math.h"
+#include "common/vector_dispatch.h"
 
 namespace ember {
 namespace {
 const float* WeightsOrNull(absl::Span<const float> weights) {
   return weights.empty() ? nullptr : weights.data();
+}
+
+// y += a * x over one row; inlined into each clone of the passes below.
+inline void AddScaledRow(float a, const float* __restrict x, float* __restrict y, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) y[d] += a * x[d];
 }
 }  // namespace
 
@@ -16,6 +22,7 @@ float CombinerScale(absl::Span<const float> weights, int64_t begin, int64_t end,
   return pool::CombinerScale(WeightsOrNull(weights), begin, end, combiner);
 }
 
+EMBER_VECTOR_CLONES
 void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                  absl::Span<const float> weights, Combiner combiner, const float* rows,
                  uint32_t dim, float* pooled) {
@@ -29,7 +36,7 @@ void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> i
     for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
       const float wj = w == nullptr ? 1.0f : w[j];
       const float* row = rows + size_t{inverse[j]} * dim;
-      for (uint32_t d = 0; d < dim; ++d) out[d] += wj * row[d];
+      AddScaledRow(wj, row, out, dim);
     }
     const float scale = pool::CombinerScale(w, offsets[i], offsets[i + 1], combiner);
     if (scale != 1.0f) {
@@ -38,6 +45,7 @@ void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> i
   }
 }
 
+EMBER_VECTOR_CLONES
 void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                   absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
                   uint32_t dim, float* d_rows) {
@@ -49,7 +57,7 @@ void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> 
     for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
       const float c = pool::BackwardCoefficient(w, j, scale);
       float* out = d_rows + size_t{inverse[j]} * dim;
-      for (uint32_t d = 0; d < dim; ++d) out[d] += c * g[d];
+      AddScaledRow(c, g, out, dim);
     }
   }
 }

@@ -113,7 +113,13 @@ inline void CopyRowBytes(void* dst, const void* src, size_t n) {
 }
 
 // Copies n elements from `src` (type `st`) to `dst` (type `dt`), converting.
+// Vectorised (common/vector_dispatch.h); the same values as LoadElement and
+// StoreElement element by element.
 void ConvertElements(const void* src, DType st, void* dst, DType dt, size_t n);
+
+// Whether all n elements of `data` (type `t`) are finite: one pass over the
+// exponent bits, vectorised. The gradient check of every push.
+bool AllFinite(const void* data, DType t, size_t n);
 
 // Rounds v to the nearest value representable in `t`.
 EMBER_HD float RoundTo(DType t, float v) {

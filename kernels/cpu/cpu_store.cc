@@ -12,6 +12,7 @@
 #include "common/key_hash.h"
 #include "kernels/initializer_math.h"
 #include "kernels/optimizer_math.h"
+#include "kernels/optimizer_rows.h"
 
 namespace ember {
 namespace {
@@ -535,22 +536,19 @@ void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad, float* scratch
   float* state = reinterpret_cast<float*>(record + state_offset_);
   switch (o.kind) {
     case OptimizerKind::kSgd:
-      for (uint32_t j = 0; j < dim_; ++j) opt::Sgd(o, grad[j], w[j]);
+      opt::SgdRow(o, grad, w, dim_);
       break;
     case OptimizerKind::kAdagrad:
-      for (uint32_t j = 0; j < dim_; ++j) opt::Adagrad(o, grad[j], w[j], state[j]);
+      opt::AdagradRow(o, grad, w, state, dim_);
       break;
     case OptimizerKind::kAdam: {
       uint32_t* step = StepOf(record);
       if (*step != 0xffffffffu) ++*step;
-      const float step_size = opt::AdamStepSize(o, *step);
-      for (uint32_t j = 0; j < dim_; ++j) {
-        opt::Adam(o, step_size, grad[j], w[j], state[j], state[dim_ + j]);
-      }
+      opt::AdamRow(o, opt::AdamStepSize(o, *step), grad, w, state, state + dim_, dim_);
       break;
     }
     case OptimizerKind::kFtrl:
-      for (uint32_t j = 0; j < dim_; ++j) opt::Ftrl(o, grad[j], w[j], state[j], state[dim_ + j]);
+      opt::FtrlRow(o, grad, w, state, state + dim_, dim_);
       break;
   }
   if (w == scratch) ConvertElements(w, DType::kFp32, record + value_offset_, dtype_, dim_);

@@ -163,9 +163,14 @@ TEST(BatchTest, MalformedBatchesAreRejectedNamingFeatureFieldAndSizes) {
 
 // The device kernels pool one element per thread with pool::PooledElement;
 // it must give the host's floats exactly (same terms, same order).
-TEST(PoolingTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
+// The host passes run a vectorised clone (common/vector_dispatch.h): dims
+// below, at and above the vector widths, with remainders.
+class PoolingDimTest : public ::testing::TestWithParam<uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Dims, PoolingDimTest, ::testing::Values(7u, 8u, 16u, 33u, 128u));
+
+TEST_P(PoolingDimTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
   std::mt19937 rng(9);
-  const uint32_t dim = 7;
+  const uint32_t dim = GetParam();
   std::vector<float> rows(50 * dim);
   for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   std::vector<int64_t> offsets = {0};
@@ -192,6 +197,48 @@ TEST(PoolingTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
                                               rows.data(), dim, i, d);
           ASSERT_EQ(FloatBits(host[i * dim + d]), FloatBits(e)) << i << " " << d;
         }
+      }
+    }
+  }
+}
+
+// The backward pass adds each id's term in example order, as the device's
+// scatter does; the same sums, element by element, written out here.
+TEST_P(PoolingDimTest, BackwardMatchesTheElementWiseSumsBitForBit) {
+  std::mt19937 rng(13);
+  const uint32_t dim = GetParam();
+  const int batch = 30, unique = 12;
+  std::vector<int64_t> offsets = {0};
+  std::vector<uint32_t> inverse;
+  std::vector<float> weights;
+  for (int i = 0; i < batch; ++i) {
+    const int ids = static_cast<int>(rng() % 6);
+    for (int k = 0; k < ids; ++k) {
+      inverse.push_back(rng() % unique);  // duplicates across examples
+      weights.push_back(std::uniform_real_distribution<float>(0.1f, 2)(rng));
+    }
+    offsets.push_back(static_cast<int64_t>(inverse.size()));
+  }
+  std::vector<float> d_pooled(batch * dim);
+  for (float& v : d_pooled) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtN}) {
+    for (bool weighted : {false, true}) {
+      const float* w = weighted ? weights.data() : nullptr;
+      std::vector<float> d_rows(unique * dim, 0.5f), expected(unique * dim, 0.5f);
+      PoolBackward(offsets, inverse,
+                   weighted ? absl::Span<const float>(weights) : absl::Span<const float>(), c,
+                   d_pooled.data(), dim, d_rows.data());
+      for (int i = 0; i < batch; ++i) {
+        const float scale = pool::CombinerScale(w, offsets[i], offsets[i + 1], c);
+        for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
+          const float coef = pool::BackwardCoefficient(w, j, scale);
+          for (uint32_t d = 0; d < dim; ++d) {
+            expected[inverse[j] * dim + d] += coef * d_pooled[i * dim + d];
+          }
+        }
+      }
+      for (size_t k = 0; k < expected.size(); ++k) {
+        ASSERT_EQ(FloatBits(d_rows[k]), FloatBits(expected[k])) << k;
       }
     }
   }

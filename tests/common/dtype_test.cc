@@ -2,9 +2,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/key_hash.h"
+#include "common/vector_dispatch.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
 
@@ -55,6 +58,72 @@ TEST(DTypeTest, ConvertElementsBetweenAllTypes) {
       for (int i = 0; i < 4; ++i) EXPECT_EQ(LoadElement(out, b, i), src[i]);
     }
   }
+}
+
+// ConvertElements runs a vectorised clone (common/vector_dispatch.h); it must
+// give exactly the element-wise functions' bits, at any buffer address, for
+// every 16-bit pattern and for floats of every kind (NaN, inf, subnormal,
+// ties). Checks the clone this CPU runs (printed).
+TEST(DTypeTest, ConvertElementsGivesTheElementWiseBitsAtAnyAddress) {
+  std::printf("vector clone on this CPU: %s\n", VectorIsa());
+  std::vector<uint16_t> halves(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) halves[h] = static_cast<uint16_t>(h);
+  std::vector<float> floats;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100000; ++i) floats.push_back(BitsToFloat(static_cast<uint32_t>(rng())));
+  for (uint32_t b : {0x7f800000u, 0xff800000u, 0x7fc00001u, 0x00000001u, 0x3f808000u,
+                     0x3f818000u, 0x477ff000u, 0x33000000u, 0x38800000u, 0x80000000u}) {
+    floats.push_back(BitsToFloat(b));
+  }
+  auto check = [](const void* src, DType st, size_t n, DType dt) {
+    for (size_t shift : {0, 1, 2, 3}) {  // unaligned source and destination
+      std::vector<unsigned char> in(n * DTypeSize(st) + 8), out(n * DTypeSize(dt) + 8);
+      std::memcpy(in.data() + shift, src, n * DTypeSize(st));
+      ConvertElements(in.data() + shift, st, out.data() + shift, dt, n);
+      for (size_t i = 0; i < n; ++i) {
+        unsigned char want[4];
+        StoreElement(want, dt, 0, LoadElement(in.data() + shift, st, i));
+        ASSERT_EQ(std::memcmp(out.data() + shift + i * DTypeSize(dt), want, DTypeSize(dt)), 0)
+            << DTypeName(st) << " -> " << DTypeName(dt) << " element " << i << " shift "
+            << shift;
+      }
+    }
+  };
+  for (DType dt : {DType::kFp16, DType::kBf16}) check(floats.data(), DType::kFp32, floats.size(), dt);
+  for (DType st : {DType::kFp16, DType::kBf16}) {
+    for (DType dt : {DType::kFp32, DType::kFp16, DType::kBf16}) {
+      if (st != dt) check(halves.data(), st, halves.size(), dt);
+    }
+  }
+}
+
+TEST(DTypeTest, AllFiniteFindsOneNonFiniteElementAnywhere) {
+  struct Bad {
+    DType t;
+    uint32_t bits;
+  };
+  for (const Bad bad : {Bad{DType::kFp32, 0x7f800000u}, Bad{DType::kFp32, 0xffc00000u},
+                        Bad{DType::kFp16, 0x7c00u}, Bad{DType::kFp16, 0xfe01u},
+                        Bad{DType::kBf16, 0xff80u}, Bad{DType::kBf16, 0x7fc1u}}) {
+    for (size_t n : {1, 15, 16, 17, 255, 256, 257, 1000}) {
+      std::vector<unsigned char> buf(n * DTypeSize(bad.t) + 1);
+      unsigned char* data = buf.data() + 1;  // unaligned
+      for (size_t i = 0; i < n; ++i) StoreElement(data, bad.t, i, 65000.0f - i);  // finite
+      EXPECT_TRUE(AllFinite(data, bad.t, n)) << DTypeName(bad.t) << " n " << n;
+      for (size_t at : {size_t{0}, n / 2, n - 1}) {
+        std::vector<unsigned char> copy(buf);
+        if (bad.t == DType::kFp32) {
+          std::memcpy(copy.data() + 1 + at * 4, &bad.bits, 4);
+        } else {
+          const uint16_t h = static_cast<uint16_t>(bad.bits);
+          std::memcpy(copy.data() + 1 + at * 2, &h, 2);
+        }
+        EXPECT_FALSE(AllFinite(copy.data() + 1, bad.t, n))
+            << DTypeName(bad.t) << " n " << n << " at " << at;
+      }
+    }
+  }
+  EXPECT_TRUE(AllFinite(nullptr, DType::kFp32, 0));
 }
 
 TEST(KeyHashTest, ShardOfSpreadsKeysEvenlyAndStaysInRange) {
