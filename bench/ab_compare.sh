@@ -6,6 +6,7 @@
 #   bench/ab_compare.sh trainer A/ember-trainer B/ember-trainer  # steps/s, prefetch on
 #   bench/ab_compare.sh build   A_BUILD_DIR     B_BUILD_DIR [trainer flags...]
 #   bench/ab_compare.sh flags   "A FLAGS"       "B FLAGS"   [trainer flags...]
+#   bench/ab_compare.sh dims    8,32,128,256    [trainer flags...]
 # `server` and `trainer` take the other program from $EMBER_BUILD_DIR
 # (default build/). `build` runs each build's own ember-server and
 # ember-trainer (e.g. a checkout of an older commit built into its own
@@ -14,11 +15,20 @@
 # the shards (from /proc, so older builds are measured the same way) and of
 # both. `flags` does the same with one build ($EMBER_BUILD_DIR) and two
 # sets of trainer flags (e.g. "--exchange_streams=false" "--exchange_streams=true").
+# `dims` is `flags` with one variant per embedding dim (--dim=D), and ends
+# with each dim's mean CPU per pipeline-step and its ratio to the first dim's.
 # Rounds: $EMBER_ROUNDS (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODE="$1"; A="$2"; B="$3"
-shift 3
+MODE="$1"
+if [ "$MODE" = dims ]; then
+  IFS=, read -ra VARIANTS <<<"$2"
+  shift 2
+else
+  VARIANTS=("$2" "$3")
+  shift 3
+fi
+declare -A CPU_SUM=()
 ROUNDS="${EMBER_ROUNDS:-3}"
 BUILD="${EMBER_BUILD_DIR:-build}"
 source scripts/local_cluster.sh
@@ -31,7 +41,7 @@ shard_ticks() {  # utime + stime of the shards, in clock ticks
 HZ=$(getconf CLK_TCK)
 
 for ((round = 1; round <= ROUNDS; round++)); do
-  for bin in "$A" "$B"; do
+  for bin in "${VARIANTS[@]}"; do
     if [ "$MODE" = server ]; then
       EMBER_SERVER_BIN="$bin" start_shards 2 --worker_threads=4 >/dev/null
       trainer="$BUILD/bench/ember-trainer"
@@ -44,8 +54,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
       echo "round $round $bin: shards' CPU $(( (after - before) * 1000 / HZ )) ms" \
         "for $steps steps = $(awk -v t=$((after - before)) -v s="$steps" -v hz="$HZ" \
         'BEGIN {printf "%.3f", t * 1000 / hz / s}') ms/step"
-    elif [ "$MODE" = build ] || [ "$MODE" = flags ]; then
-      if [ "$MODE" = build ]; then dir="$bin"; flags=(); else dir="$BUILD"; read -ra flags <<<"$bin"; fi
+    elif [ "$MODE" = build ] || [ "$MODE" = flags ] || [ "$MODE" = dims ]; then
+      if [ "$MODE" = build ]; then
+        dir="$bin"; flags=()
+      elif [ "$MODE" = dims ]; then
+        dir="$BUILD"; flags=("--dim=$bin")
+      else
+        dir="$BUILD"; read -ra flags <<<"$bin"
+      fi
       EMBER_SERVER_BIN="$dir/server/ember-server" start_shards 2 --worker_threads=4 >/dev/null
       trainer="$dir/bench/ember-trainer"
       # Warm the tables first, untimed, so that both builds serve hot keys.
@@ -63,8 +79,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
         'BEGIN {printf "%.3f", t * 1000 / hz / s}')
       echo "round $round $bin:"
       echo "$rows" | grep 'prefetch on' | awk -F'|' '{printf "  compute %s prefetch on: %s steps/s, efficiency %s, wait p99 %s ms, trainer CPU %s ms/step\n", $3, $5, $9, $8, $13}'
+      total=$(awk -v a="$trainer_cpu" -v b="$shards_cpu" 'BEGIN {printf "%.3f", a + b}')
       echo "  CPU per pipeline-step over both modes: trainer $trainer_cpu ms + shards $shards_cpu ms" \
-        "= $(awk -v a="$trainer_cpu" -v b="$shards_cpu" 'BEGIN {printf "%.3f", a + b}') ms"
+        "= $total ms"
+      CPU_SUM[$bin]=$(awk -v a="${CPU_SUM[$bin]:-0}" -v b="$total" 'BEGIN {print a + b}')
     else
       start_shards 2 --worker_threads=4 >/dev/null
       echo "round $round $bin:"
@@ -74,3 +92,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
     stop_cluster >/dev/null
   done
 done
+if [ "$MODE" = dims ]; then
+  first="${VARIANTS[0]}"
+  echo "dim | CPU ms per pipeline-step (mean of $ROUNDS rounds) | vs dim $first"
+  for d in "${VARIANTS[@]}"; do
+    awk -v d="$d" -v s="${CPU_SUM[$d]}" -v f="${CPU_SUM[$first]}" -v r="$ROUNDS" \
+      'BEGIN {printf "%s | %.3f | %.2fx\n", d, s / r, s / f}'
+  done
+fi

@@ -14,6 +14,17 @@
 // and sqrt are exactly rounded in scalar and vector form alike).
 #pragma once
 
+// Sanitizer builds run the baseline only: the clones' resolver runs while
+// the dynamic loader relocates, before the sanitizer's runtime is set up,
+// and instrumented it crashes there (TSan: a segfault at start-up).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EMBER_NO_VECTOR_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define EMBER_NO_VECTOR_CLONES 1
+#endif
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(EMBER_NO_VECTOR_CLONES)
 #define EMBER_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
