@@ -198,8 +198,6 @@ class PipelineIntegrationTest : public ::testing::Test {
     return StepPipeline::Create(client_.get(), o);
   }
 
-  std::vector<std::unique_ptr<ServerProcess>> shards_;
-  std::unique_ptr<Client> client_;
   // Trains while shard 1 is SIGKILLed and restarted on its port: the
   // trainer's calls are retried, the run completes. Streams or unary calls.
   void KillAndRestartShardMidRun(bool streams) {
@@ -228,7 +226,7 @@ class PipelineIntegrationTest : public ::testing::Test {
     impatient.retry_budget = absl::Milliseconds(300);
     absl::StatusOr<std::unique_ptr<Client>> quick = Client::Connect(impatient);
     ASSERT_OK(quick);
-  
+
     absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
     ASSERT_OK(pipe);
     constexpr int kSteps = 2000;  // far more than run before the kill below
@@ -267,6 +265,8 @@ class PipelineIntegrationTest : public ::testing::Test {
     ASSERT_OK((*pipe)->Close());
   }
 
+  std::vector<std::unique_ptr<ServerProcess>> shards_;
+  std::unique_ptr<Client> client_;
 };
 
 TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASingleProcessReference) {
