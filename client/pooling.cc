@@ -30,9 +30,9 @@ void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> i
   // in the same order as pool::PooledElement, the device's per-element form.
   const size_t batch = offsets.size() - 1;
   const float* w = WeightsOrNull(weights);
-  memset(pooled, 0, batch * dim * sizeof(float));
   for (size_t i = 0; i < batch; ++i) {
     float* out = pooled + i * dim;
+    memset(out, 0, dim * sizeof(float));  // row by row: the row stays in L1 for the adds
     for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
       const float wj = w == nullptr ? 1.0f : w[j];
       const float* row = rows + size_t{inverse[j]} * dim;

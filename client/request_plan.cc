@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/uninitialized_resize.h"
 #include "ember/client.h"
 
 namespace ember {
@@ -47,7 +48,7 @@ uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
     t->set_dtype(v1::DTYPE_FP32);
     t->set_read_only(read_only);
     std::string* out = t->mutable_keys();
-    out->resize(m.size() * 8);
+    ResizeUninitialized(out, m.size() * 8);
     char* dst = out->data();
     for (size_t j = 0; j < m.size(); ++j) memcpy(dst + j * 8, &keys[m[j]], 8);
     bytes += out->size();
@@ -68,8 +69,8 @@ uint64_t RequestPlan::FillPush(uint32_t shard, const std::vector<const float*>& 
     t->set_dtype(v1::DTYPE_FP32);
     std::string* k = t->mutable_keys();
     std::string* g = t->mutable_gradients();
-    k->resize(m.size() * 8);
-    g->resize(m.size() * dim * 4);
+    ResizeUninitialized(k, m.size() * 8);
+    ResizeUninitialized(g, m.size() * dim * 4);
     for (size_t j = 0; j < m.size(); ++j) {
       memcpy(k->data() + j * 8, &keys[m[j]], 8);
       memcpy(g->data() + j * dim * 4, grads[tb] + m[j] * dim, dim * 4);

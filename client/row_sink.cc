@@ -24,6 +24,12 @@ class HostRowSink final : public RowSink {
 
   absl::Status Deliver(PipelineStep& s, const std::vector<float*>& rows) override {
     const absl::Time start = absl::Now();
+    // Buffers of an earlier step, so that a step allocates and zero-fills
+    // nothing (PoolForward writes every element).
+    if (!spare_.empty()) {
+      s.pooled = std::move(spare_.back());
+      spare_.pop_back();
+    }
     s.pooled.resize(shape_.feature_table.size());
     for (size_t f = 0; f < shape_.feature_table.size(); ++f) {
       const FeatureBatch& fb = s.batch.features[f];
@@ -53,11 +59,18 @@ class HostRowSink final : public RowSink {
     return grads;
   }
 
-  void Release(PipelineStep&) override {}
+  void Release(PipelineStep& s) override {
+    // Push moved the step's pooled buffers into d_pooled; the next steps
+    // pool into them. A few sets cover the steps in flight.
+    if (spare_.size() < kMaxSpare && !s.d_pooled.empty()) spare_.push_back(std::move(s.d_pooled));
+    s.d_pooled.clear();
+  }
 
  private:
+  static constexpr size_t kMaxSpare = 8;
   const RowSinkShape shape_;
   PipelineTelemetry* const telemetry_;
+  std::vector<std::vector<std::vector<float>>> spare_;  // per feature, for reuse
   std::vector<std::vector<float>> rows_;   // the latest step's unique rows
   std::vector<std::vector<float>> grads_;  // the latest push's gradients
 };

@@ -157,11 +157,16 @@ class StepPipeline::Impl {
             " x dim ", dim(f), "), received ", d_pooled[f].size()));
       }
     }
+    // The gradients go into the step's pooled buffers (same shapes; the
+    // view is invalid from here on), so a push allocates nothing. memmove:
+    // a caller may pass the view itself back.
+    s->d_pooled = std::move(s->pooled);
+    s->pooled.clear();
     s->d_pooled.resize(d_pooled.size());
     for (size_t f = 0; f < d_pooled.size(); ++f) {
-      s->d_pooled[f].assign(d_pooled[f].begin(), d_pooled[f].end());
+      s->d_pooled[f].resize(d_pooled[f].size());
+      memmove(s->d_pooled[f].data(), d_pooled[f].data(), d_pooled[f].size() * sizeof(float));
     }
-    s->pooled.clear();
     QueuePush(std::move(s), start);
     return absl::OkStatus();
   }

@@ -8,6 +8,7 @@
 #include "common/key_hash.h"
 #include "common/process_cpu.h"
 #include "common/status_macros.h"
+#include "common/uninitialized_resize.h"
 #include "common/wire.h"
 #include "kernels/table_config_proto.h"
 
@@ -470,7 +471,8 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
     out->set_dtype(DTypeToProto(r.dtype));
     out->set_dim(r.table->config.dim());
     std::string* rows = out->mutable_rows();
-    rows->resize(r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype));
+    // Find writes every byte of the rows (or fails, and the response is dropped).
+    ResizeUninitialized(rows, r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype));
     absl::Span<uint8_t> buf(reinterpret_cast<uint8_t*>(rows->data()), rows->size());
     absl::StatusOr<FindResult> found = request.tables(i).read_only()
                                            ? store.Find(r.keys, r.dtype, buf)

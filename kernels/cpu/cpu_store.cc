@@ -611,10 +611,19 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     for (uint32_t k = begin; k < end;) {
       const Slot& first = b.slots[k];
       const uint64_t key = keys[first.pos];
-      ConvertElements(grads + first.pos * grad_row, grad_dtype, g.data(), DType::kFp32, dim_);
-      for (++k; k < end && b.slots[k].hash == first.hash; ++k) {
-        const uint8_t* more = grads + b.slots[k].pos * grad_row;
-        for (uint32_t j = 0; j < dim_; ++j) g[j] += LoadElement(more, grad_dtype, j);
+      const uint8_t* row = grads + first.pos * grad_row;
+      const float* grad = g.data();
+      const bool alone = k + 1 == end || b.slots[k + 1].hash != first.hash;
+      if (alone && grad_dtype == DType::kFp32 &&
+          reinterpret_cast<uintptr_t>(row) % alignof(float) == 0) {
+        grad = reinterpret_cast<const float*>(row);  // the request's row, read in place
+        ++k;
+      } else {
+        ConvertElements(row, grad_dtype, g.data(), DType::kFp32, dim_);
+        for (++k; k < end && b.slots[k].hash == first.hash; ++k) {
+          const uint8_t* more = grads + b.slots[k].pos * grad_row;
+          for (uint32_t j = 0; j < dim_; ++j) g[j] += LoadElement(more, grad_dtype, j);
+        }
       }
       uint32_t r = FindRow(s, key, first.hash);
       if (r == kNoRow) {
@@ -626,7 +635,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
         ++result.inserted;
       }
       uint8_t* rec = Record(s, r);
-      ApplyOptimizer(rec, g.data(), scratch.data());
+      ApplyOptimizer(rec, grad, scratch.data());
       Touch(rec, clock);
       MarkChanged(s, r, key);
       ++result.updated;
