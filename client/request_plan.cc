@@ -80,14 +80,15 @@ uint64_t RequestPlan::FillPush(uint32_t shard, const std::vector<const float*>& 
   return bytes;
 }
 
-absl::Status RequestPlan::ScatterRows(uint32_t shard, const v1::LookupResponse& response,
-                                      const std::vector<float*>& rows, uint64_t* received) const {
+template <typename RowFn>
+absl::Status RequestPlan::ForEachRow(uint32_t shard, const v1::LookupResponse& response,
+                                     uint64_t* received, RowFn row) const {
   int entry = 0;
   for (size_t tb = 0; tb < members_[shard].size(); ++tb) {
     const std::vector<uint32_t>& m = members_[shard][tb];
     if (m.empty()) continue;
-    const size_t dim = (*dims_)[tb];
-    const size_t expected = m.size() * dim * 4;
+    const size_t row_bytes = size_t{(*dims_)[tb]} * 4;
+    const size_t expected = m.size() * row_bytes;
     if (entry >= response.tables_size() || response.tables(entry).rows().size() != expected) {
       return absl::InternalError(absl::StrCat(
           client_->ShardName(shard), " table '", (*tables_)[tb], "' field 'rows': expected ",
@@ -96,10 +97,24 @@ absl::Status RequestPlan::ScatterRows(uint32_t shard, const v1::LookupResponse& 
     }
     const std::string& r = response.tables(entry++).rows();
     *received += r.size();
-    float* dst = rows[tb];
-    for (size_t j = 0; j < m.size(); ++j) memcpy(dst + m[j] * dim, r.data() + j * dim * 4, dim * 4);
+    for (size_t j = 0; j < m.size(); ++j) row(tb, m[j], r.data() + j * row_bytes);
   }
   return absl::OkStatus();
+}
+
+absl::Status RequestPlan::ScatterRows(uint32_t shard, const v1::LookupResponse& response,
+                                      const std::vector<float*>& rows, uint64_t* received) const {
+  return ForEachRow(shard, response, received, [&](size_t tb, uint32_t k, const char* row) {
+    const size_t dim = (*dims_)[tb];
+    memcpy(rows[tb] + k * dim, row, dim * sizeof(float));
+  });
+}
+
+absl::Status RequestPlan::RowAddresses(uint32_t shard, const v1::LookupResponse& response,
+                                       const std::vector<const char**>& at,
+                                       uint64_t* received) const {
+  return ForEachRow(shard, response, received,
+                    [&](size_t tb, uint32_t k, const char* row) { at[tb][k] = row; });
 }
 
 }  // namespace ember

@@ -46,8 +46,20 @@ class RequestPlan {
   // not the one asked for. Adds the row bytes read to `*received`.
   absl::Status ScatterRows(uint32_t shard, const v1::LookupResponse& response,
                            const std::vector<float*>& rows, uint64_t* received) const;
+  // ScatterRows without the copy: sets at[tb][k], for each key k of table tb
+  // on `shard`, to the address of its row (dim[tb] floats, possibly
+  // unaligned: read with memcpy) inside `response`, which must outlive the
+  // addresses. at[tb] has keys[tb].size() entries. Same errors as ScatterRows.
+  absl::Status RowAddresses(uint32_t shard, const v1::LookupResponse& response,
+                            const std::vector<const char**>& at, uint64_t* received) const;
 
  private:
+  // Checks `response`'s shape as ScatterRows does, then calls
+  // row(tb, k, address) for each of its rows.
+  template <typename RowFn>
+  absl::Status ForEachRow(uint32_t shard, const v1::LookupResponse& response,
+                          uint64_t* received, RowFn row) const;
+
   const Client* client_ = nullptr;
   const std::vector<std::string>* tables_ = nullptr;
   const std::vector<uint32_t>* dims_ = nullptr;

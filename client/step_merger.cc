@@ -162,20 +162,22 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
     }
     MergedStep& m = *it->second;
     // Sum each key's gradients over the ranks, in rank order.
-    std::vector<std::vector<float>> sums(tables);
+    sums_.resize(tables);
     std::vector<const float*> grads(tables);
     for (size_t tb = 0; tb < tables; ++tb) {
       const size_t dim = dims_[tb];
-      sums[tb].assign(m.keys[tb].size() * dim, 0.0f);
+      sums_[tb].resize(m.keys[tb].size() * dim);
+      float* sums = sums_[tb].data();
+      memset(sums, 0, sums_[tb].size() * sizeof(float));
       for (int r = 0; r < ranks; ++r) {
         const std::vector<uint32_t>& map = m.map[r][tb];
         const float* g = parts[r]->grads[tb];
         for (size_t u = 0; u < map.size(); ++u) {
-          float* dst = &sums[tb][map[u] * dim];
+          float* dst = sums + size_t{map[u]} * dim;
           for (size_t j = 0; j < dim; ++j) dst[j] += g[u * dim + j];
         }
       }
-      grads[tb] = sums[tb].data();
+      grads[tb] = sums;
     }
     for (uint32_t sh = 0; sh < shards; ++sh) {
       v1::PushRequest* p = requests[sh].mutable_push();
@@ -232,25 +234,25 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   }
   uint64_t received = 0;
   if (fetch != nullptr) {
-    std::vector<std::vector<float>> rows(tables);
-    std::vector<float*> into(tables);
+    // Each rank's rows, in its own key order, copied once: straight from
+    // the responses.
+    row_at_.resize(tables);
+    std::vector<const char**> at(tables);
     for (size_t tb = 0; tb < tables; ++tb) {
-      rows[tb].resize(fetch->keys[tb].size() * dims_[tb]);
-      into[tb] = rows[tb].data();
+      row_at_[tb].resize(fetch->keys[tb].size());
+      at[tb] = row_at_[tb].data();
     }
     for (uint32_t sh = 0; sh < shards; ++sh) {
       if (!fetch->plan.HasKeys(sh)) continue;
-      EMBER_RETURN_IF_ERROR(fetch->plan.ScatterRows(sh, responses[sh].lookup(), into, &received));
+      EMBER_RETURN_IF_ERROR(fetch->plan.RowAddresses(sh, responses[sh].lookup(), at, &received));
     }
-    // Each rank's rows, in its own key order.
     for (int r = 0; r < ranks; ++r) {
       for (size_t tb = 0; tb < tables; ++tb) {
-        const size_t dim = dims_[tb];
+        const size_t row_bytes = size_t{dims_[tb]} * sizeof(float);
         const std::vector<uint32_t>& map = fetch->map[r][tb];
-        float* dst = parts[r]->rows[tb];
-        const float* src = rows[tb].data();
+        char* dst = reinterpret_cast<char*>(parts[r]->rows[tb]);
         for (size_t u = 0; u < map.size(); ++u) {
-          memcpy(dst + u * dim, src + static_cast<size_t>(map[u]) * dim, dim * sizeof(float));
+          memcpy(dst + u * row_bytes, row_at_[tb][map[u]], row_bytes);
         }
       }
     }

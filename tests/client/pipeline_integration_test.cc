@@ -85,8 +85,10 @@ std::vector<float> LossGradient(absl::Span<const float> pooled) {
   return g;
 }
 
-// Runs `steps` steps through a pipeline: prefetch ahead, wait, push.
-absl::Status Train(StepPipeline& pipe, int64_t steps, uint64_t key_base) {
+// Runs `steps` steps through a pipeline: prefetch ahead, wait, push. With
+// `in_place`, the gradients are written over the view and the view itself
+// is pushed (the pipeline's buffers, passed back to it).
+absl::Status Train(StepPipeline& pipe, int64_t steps, uint64_t key_base, bool in_place = false) {
   const int depth = pipe.prefetch_depth();
   int64_t prefetched = 0;
   for (int64_t t = 0; t < steps; ++t) {
@@ -97,6 +99,13 @@ absl::Status Train(StepPipeline& pipe, int64_t steps, uint64_t key_base) {
     EMBER_ASSIGN_OR_RETURN(StepView view, pipe.Wait(t));
     std::vector<std::vector<float>> grads;
     for (const auto& p : view.pooled) grads.push_back(LossGradient(p));
+    if (in_place) {
+      for (size_t f = 0; f < grads.size(); ++f) {
+        std::copy(grads[f].begin(), grads[f].end(), const_cast<float*>(view.pooled[f].data()));
+      }
+      EMBER_RETURN_IF_ERROR(pipe.Push(t, view.pooled));
+      continue;
+    }
     std::vector<absl::Span<const float>> spans(grads.begin(), grads.end());
     EMBER_RETURN_IF_ERROR(pipe.Push(t, spans));
   }
@@ -275,6 +284,20 @@ TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASinglePr
   ASSERT_OK(pipe);
   constexpr int kSteps = 300;
   ASSERT_OK(Train(**pipe, kSteps, /*key_base=*/0));
+  ASSERT_OK((*pipe)->Close());
+  ReferenceModel reference;
+  for (int64_t t = 0; t < kSteps; ++t) reference.Step(MakeBatch(t, 0));
+  ExpectRowsMatch(*client_, reference, 0);
+}
+
+TEST_F(PipelineIntegrationTest, PushingTheWaitViewItselfBackAsGradientsMatchesTheReference) {
+  // Push copies the gradients into the step's own pooled buffers, which
+  // later steps reuse: gradients that already live there must survive that.
+  ASSERT_NO_FATAL_FAILURE(StartShards(2));
+  absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
+  ASSERT_OK(pipe);
+  constexpr int kSteps = 100;
+  ASSERT_OK(Train(**pipe, kSteps, /*key_base=*/0, /*in_place=*/true));
   ASSERT_OK((*pipe)->Close());
   ReferenceModel reference;
   for (int64_t t = 0; t < kSteps; ++t) reference.Step(MakeBatch(t, 0));

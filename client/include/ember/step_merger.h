@@ -126,6 +126,11 @@ class StepMerger {
   // Leader-only state (one leader at a time): each fetched step's merged
   // keys and maps, kept until the step's push.
   std::map<int64_t, std::unique_ptr<MergedStep>> steps_;
+  // Leader-only scratch, reused by every round: per table, the summed
+  // gradients of the merged keys and the address of each merged key's row
+  // in the shards' responses.
+  std::vector<std::vector<float>> sums_;
+  std::vector<std::vector<const char*>> row_at_;
 };
 
 }  // namespace ember
