@@ -7,6 +7,7 @@
 #   bench/ab_compare.sh build   A_BUILD_DIR     B_BUILD_DIR [trainer flags...]
 #   bench/ab_compare.sh flags   "A FLAGS"       "B FLAGS"   [trainer flags...]
 #   bench/ab_compare.sh dims    8,32,128,256    [trainer flags...]
+#   bench/ab_compare.sh lookup-dims 8,32,128,256 [ember-lookup-bench flags...]
 # `server` and `trainer` take the other program from $EMBER_BUILD_DIR
 # (default build/). `build` runs each build's own ember-server and
 # ember-trainer (e.g. a checkout of an older commit built into its own
@@ -17,18 +18,22 @@
 # sets of trainer flags (e.g. "--exchange_streams=false" "--exchange_streams=true").
 # `dims` is `flags` with one variant per embedding dim (--dim=D), and ends
 # with each dim's mean CPU per pipeline-step and its ratio to the first dim's.
+# `lookup-dims` alternates ember-lookup-bench runs of one round each, one per
+# dim on a fresh cluster, and ends with each dim's mean CPU per step request
+# (bench client + shards) of the streamed lookups and of the pushes, 4
+# pipelines, and their ratios to the first dim's.
 # Rounds: $EMBER_ROUNDS (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE="$1"
-if [ "$MODE" = dims ]; then
+if [ "$MODE" = dims ] || [ "$MODE" = lookup-dims ]; then
   IFS=, read -ra VARIANTS <<<"$2"
   shift 2
 else
   VARIANTS=("$2" "$3")
   shift 3
 fi
-declare -A CPU_SUM=()
+declare -A CPU_SUM=() LOOKUP_SUM=() PUSH_SUM=()
 ROUNDS="${EMBER_ROUNDS:-3}"
 BUILD="${EMBER_BUILD_DIR:-build}"
 source scripts/local_cluster.sh
@@ -83,6 +88,16 @@ for ((round = 1; round <= ROUNDS; round++)); do
       echo "  CPU per pipeline-step over both modes: trainer $trainer_cpu ms + shards $shards_cpu ms" \
         "= $total ms"
       CPU_SUM[$bin]=$(awk -v a="${CPU_SUM[$bin]:-0}" -v b="$total" 'BEGIN {print a + b}')
+    elif [ "$MODE" = lookup-dims ]; then
+      start_shards 2 --worker_threads=4 >/dev/null
+      out=$("$BUILD/bench/ember-lookup-bench" --shards="$SHARD_ADDRESSES" --dim="$bin" \
+        --pipelines=4 --rounds=1 "$@")
+      # Column 10: CPU ms per step request (bench client + shards).
+      lookup=$(echo "$out" | awk -F'|' '$3 ~ /Ember lookup on ExchangeStream/ {gsub(/ /, "", $10); print $10}')
+      push=$(echo "$out" | awk -F'|' '$3 ~ /Ember Push/ {gsub(/ /, "", $10); print $10}')
+      echo "round $round dim $bin: CPU ms per step request: streamed lookup $lookup, push $push"
+      LOOKUP_SUM[$bin]=$(awk -v a="${LOOKUP_SUM[$bin]:-0}" -v b="$lookup" 'BEGIN {print a + b}')
+      PUSH_SUM[$bin]=$(awk -v a="${PUSH_SUM[$bin]:-0}" -v b="$push" 'BEGIN {print a + b}')
     else
       start_shards 2 --worker_threads=4 >/dev/null
       echo "round $round $bin:"
@@ -98,5 +113,14 @@ if [ "$MODE" = dims ]; then
   for d in "${VARIANTS[@]}"; do
     awk -v d="$d" -v s="${CPU_SUM[$d]}" -v f="${CPU_SUM[$first]}" -v r="$ROUNDS" \
       'BEGIN {printf "%s | %.3f | %.2fx\n", d, s / r, s / f}'
+  done
+fi
+if [ "$MODE" = lookup-dims ]; then
+  first="${VARIANTS[0]}"
+  echo "dim | lookup CPU ms per step request | vs dim $first | push CPU ms per step request | vs dim $first (means of $ROUNDS rounds)"
+  for d in "${VARIANTS[@]}"; do
+    awk -v d="$d" -v l="${LOOKUP_SUM[$d]}" -v lf="${LOOKUP_SUM[$first]}" -v p="${PUSH_SUM[$d]}" \
+      -v pf="${PUSH_SUM[$first]}" -v r="$ROUNDS" \
+      'BEGIN {printf "%s | %.3f | %.2fx | %.3f | %.2fx\n", d, l / r, l / lf, p / r, p / pf}'
   done
 fi

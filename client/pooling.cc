@@ -62,4 +62,9 @@ void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> 
   }
 }
 
+EMBER_VECTOR_CLONES
+void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim, float* sums) {
+  for (size_t u = 0; u < to.size(); ++u) AddScaledRow(1.0f, rows + u * dim, sums + size_t{to[u]} * dim, dim);
+}
+
 }  // namespace ember

@@ -26,6 +26,11 @@ void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> 
                   absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
                   uint32_t dim, float* d_rows);
 
+// sums[to[u], :] += rows[u, :] for u in order: one rank's gradients into a
+// node's sums (StepMerger). `rows` holds to.size() x dim floats and must not
+// overlap `sums`.
+void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim, float* sums);
+
 // The factor example [begin, end) is scaled by: 1, 1 / sum w, or
 // 1 / sqrt(sum w^2); 0 when that sum is 0.
 float CombinerScale(absl::Span<const float> weights, int64_t begin, int64_t end,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
+#include "client/pooling.h"
 #include "client/request_plan.h"
 #include "common/status_macros.h"
 
@@ -170,12 +171,7 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
       float* sums = sums_[tb].data();
       memset(sums, 0, sums_[tb].size() * sizeof(float));
       for (int r = 0; r < ranks; ++r) {
-        const std::vector<uint32_t>& map = m.map[r][tb];
-        const float* g = parts[r]->grads[tb];
-        for (size_t u = 0; u < map.size(); ++u) {
-          float* dst = sums + size_t{map[u]} * dim;
-          for (size_t j = 0; j < dim; ++j) dst[j] += g[u * dim + j];
-        }
+        ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], static_cast<uint32_t>(dim), sums);
       }
       grads[tb] = sums;
     }

@@ -244,5 +244,33 @@ TEST_P(PoolingDimTest, BackwardMatchesTheElementWiseSumsBitForBit) {
   }
 }
 
+// A node's gradient sums: each rank's rows added into the merged rows they
+// map to, in rank order, element by element.
+TEST_P(PoolingDimTest, ScatterAddRowsAddsEachRowIntoItsTargetBitForBit) {
+  std::mt19937 rng(17);
+  const uint32_t dim = GetParam();
+  const uint32_t merged = 20;
+  std::vector<float> sums(merged * dim), expected(merged * dim);
+  for (size_t k = 0; k < sums.size(); ++k) {
+    sums[k] = expected[k] = std::uniform_real_distribution<float>(-1, 1)(rng);
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    std::vector<uint32_t> to;
+    for (uint32_t u = 0; u < merged; ++u) {
+      if (rng() % 3 != 0) to.push_back(u);  // a rank has some of the merged keys
+    }
+    std::shuffle(to.begin(), to.end(), rng);
+    std::vector<float> rows(to.size() * dim);
+    for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    ScatterAddRows(to, rows.data(), dim, sums.data());
+    for (size_t u = 0; u < to.size(); ++u) {
+      for (uint32_t d = 0; d < dim; ++d) expected[to[u] * dim + d] += rows[u * dim + d];
+    }
+  }
+  for (size_t k = 0; k < expected.size(); ++k) {
+    ASSERT_EQ(FloatBits(sums[k]), FloatBits(expected[k])) << k;
+  }
+}
+
 }  // namespace
 }  // namespace ember
