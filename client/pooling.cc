@@ -15,6 +15,12 @@ const float* WeightsOrNull(absl::Span<const float> weights) {
 inline void AddScaledRow(float a, const float* __restrict x, float* __restrict y, uint32_t n) {
   for (uint32_t d = 0; d < n; ++d) y[d] += a * x[d];
 }
+
+// y = 0 + a * x: AddScaledRow into a zeroed row, in one pass. The add of
+// 0.0f stays (it turns -0 into +0), so the bits are the zeroed form's.
+inline void SetScaledRow(float a, const float* __restrict x, float* __restrict y, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) y[d] = 0.0f + a * x[d];
+}
 }  // namespace
 
 float CombinerScale(absl::Span<const float> weights, int64_t begin, int64_t end,
@@ -32,11 +38,18 @@ void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> i
   const float* w = WeightsOrNull(weights);
   for (size_t i = 0; i < batch; ++i) {
     float* out = pooled + i * dim;
-    memset(out, 0, dim * sizeof(float));  // row by row: the row stays in L1 for the adds
+    if (offsets[i] == offsets[i + 1]) {
+      memset(out, 0, dim * sizeof(float));
+      continue;
+    }
     for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
       const float wj = w == nullptr ? 1.0f : w[j];
       const float* row = rows + size_t{inverse[j]} * dim;
-      AddScaledRow(wj, row, out, dim);
+      if (j == offsets[i]) {
+        SetScaledRow(wj, row, out, dim);
+      } else {
+        AddScaledRow(wj, row, out, dim);
+      }
     }
     const float scale = pool::CombinerScale(w, offsets[i], offsets[i + 1], combiner);
     if (scale != 1.0f) {

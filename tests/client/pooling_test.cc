@@ -173,13 +173,16 @@ TEST_P(PoolingDimTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
   const uint32_t dim = GetParam();
   std::vector<float> rows(50 * dim);
   for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  // Signed zeros: an example whose first term is -0 must still pool to +0
+  // (0.0f + -0.0f), as the per-element form does.
+  for (uint32_t d = 0; d < dim; d += 3) rows[d] = -0.0f;
   std::vector<int64_t> offsets = {0};
   std::vector<uint32_t> inverse;
   std::vector<float> weights;
   for (int i = 0; i < 40; ++i) {
-    const int ids = static_cast<int>(rng() % 6);  // some examples empty
+    const int ids = i == 0 ? 1 : static_cast<int>(rng() % 6);  // some examples empty
     for (int k = 0; k < ids; ++k) {
-      inverse.push_back(rng() % 50);
+      inverse.push_back(i == 0 ? 0 : rng() % 50);  // example 0: row 0 alone
       weights.push_back(std::uniform_real_distribution<float>(0.1f, 2)(rng));
     }
     offsets.push_back(static_cast<int64_t>(inverse.size()));
