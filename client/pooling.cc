@@ -58,21 +58,48 @@ void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> i
   }
 }
 
-EMBER_VECTOR_CLONES
-void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
-                  absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
-                  uint32_t dim, float* d_rows) {
+namespace {
+// PoolBackward's loop; with `written`, rows at and past *written are
+// written (0 + term) on first touch instead of added to.
+inline void PoolBackwardRows(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                             const float* w, Combiner combiner, const float* d_pooled,
+                             uint32_t dim, float* d_rows, uint32_t* written) {
   const size_t batch = offsets.size() - 1;
-  const float* w = WeightsOrNull(weights);
   for (size_t i = 0; i < batch; ++i) {
     const float scale = pool::CombinerScale(w, offsets[i], offsets[i + 1], combiner);
     const float* g = d_pooled + i * dim;
     for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
       const float c = pool::BackwardCoefficient(w, j, scale);
-      float* out = d_rows + size_t{inverse[j]} * dim;
-      AddScaledRow(c, g, out, dim);
+      const uint32_t u = inverse[j];
+      float* out = d_rows + size_t{u} * dim;
+      if (written != nullptr && u >= *written) {
+        // Rows skipped over start at zero (none, when ids come in
+        // first-occurrence order, as deduplication numbers them).
+        memset(d_rows + size_t{*written} * dim, 0, size_t{u - *written} * dim * sizeof(float));
+        SetScaledRow(c, g, out, dim);
+        *written = u + 1;
+      } else {
+        AddScaledRow(c, g, out, dim);
+      }
     }
   }
+}
+}  // namespace
+
+EMBER_VECTOR_CLONES
+void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                  absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
+                  uint32_t dim, float* d_rows) {
+  PoolBackwardRows(offsets, inverse, WeightsOrNull(weights), combiner, d_pooled, dim, d_rows,
+                   nullptr);
+}
+
+EMBER_VECTOR_CLONES
+void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                      absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
+                      uint32_t dim, float* d_rows, uint32_t* written) {
+  PoolBackwardRows(offsets, inverse, WeightsOrNull(weights), combiner, d_pooled, dim, d_rows,
+                   written);
 }
 
 EMBER_VECTOR_CLONES

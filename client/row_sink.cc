@@ -46,15 +46,23 @@ class HostRowSink final : public RowSink {
     const size_t tables = shape_.table_dim.size();
     std::vector<const float*> grads(tables);
     grads_.resize(tables);
+    // Not zeroed first: PoolBackwardInto writes each row on its first touch
+    // (the features visit a table's ids in the order Dedup numbered them).
+    std::vector<uint32_t> written(tables, 0);
     for (size_t tb = 0; tb < tables; ++tb) {
-      grads_[tb].assign(s.unique[tb].size() * shape_.table_dim[tb], 0);
+      grads_[tb].resize(s.unique[tb].size() * shape_.table_dim[tb]);
       grads[tb] = grads_[tb].data();
     }
     for (size_t f = 0; f < shape_.feature_table.size(); ++f) {
       const FeatureBatch& fb = s.batch.features[f];
       const int tb = shape_.feature_table[f];
-      PoolBackward(fb.offsets, s.inverse[f], fb.weights, shape_.combiner[f],
-                   s.d_pooled[f].data(), shape_.table_dim[tb], grads_[tb].data());
+      PoolBackwardInto(fb.offsets, s.inverse[f], fb.weights, shape_.combiner[f],
+                       s.d_pooled[f].data(), shape_.table_dim[tb], grads_[tb].data(),
+                       &written[tb]);
+    }
+    for (size_t tb = 0; tb < tables; ++tb) {
+      const size_t dim = shape_.table_dim[tb];
+      std::fill(grads_[tb].begin() + written[tb] * dim, grads_[tb].end(), 0.0f);
     }
     return grads;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "client/dedup.h"
@@ -242,6 +243,53 @@ TEST_P(PoolingDimTest, BackwardMatchesTheElementWiseSumsBitForBit) {
       }
       for (size_t k = 0; k < expected.size(); ++k) {
         ASSERT_EQ(FloatBits(d_rows[k]), FloatBits(expected[k])) << k;
+      }
+    }
+  }
+}
+
+// Two features of one table into rows that were never zeroed (NaN here):
+// rows are written on first touch, skipped rows zeroed, and the result is
+// PoolBackward's into zeroed rows, bit for bit, in first-occurrence order
+// (as deduplication numbers ids) and in any other.
+TEST_P(PoolingDimTest, BackwardIntoUnzeroedRowsEqualsBackwardIntoZeroedRows) {
+  std::mt19937 rng(21);
+  const uint32_t dim = GetParam();
+  const int batch = 25;
+  const uint32_t unique = 16;  // the last rows are never touched
+  for (bool first_occurrence_order : {true, false}) {
+    std::vector<std::vector<int64_t>> offsets(2, {0});
+    std::vector<std::vector<uint32_t>> inverse(2);
+    std::vector<std::vector<float>> d_pooled(2, std::vector<float>(batch * dim));
+    uint32_t next = 0;
+    for (int f = 0; f < 2; ++f) {
+      for (int i = 0; i < batch; ++i) {
+        const int ids = static_cast<int>(rng() % 4);
+        for (int k = 0; k < ids; ++k) {
+          uint32_t u = rng() % (unique - 2);
+          if (first_occurrence_order && u > next) u = next;
+          next = std::max(next, u + 1);
+          inverse[f].push_back(u);
+        }
+        offsets[f].push_back(static_cast<int64_t>(inverse[f].size()));
+      }
+      for (float& v : d_pooled[f]) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+      for (uint32_t d = 0; d < dim; d += 4) d_pooled[f][d] = -0.0f;
+    }
+    for (Combiner c : {Combiner::kSum, Combiner::kMean}) {
+      std::vector<float> expected(unique * dim, 0.0f);
+      std::vector<float> got(unique * dim, std::numeric_limits<float>::quiet_NaN());
+      uint32_t written = 0;
+      for (int f = 0; f < 2; ++f) {
+        PoolBackward(offsets[f], inverse[f], {}, c, d_pooled[f].data(), dim, expected.data());
+        PoolBackwardInto(offsets[f], inverse[f], {}, c, d_pooled[f].data(), dim, got.data(),
+                         &written);
+      }
+      ASSERT_LE(written, unique - 2);
+      std::fill(got.begin() + size_t{written} * dim, got.end(), 0.0f);
+      for (size_t k = 0; k < expected.size(); ++k) {
+        ASSERT_EQ(FloatBits(got[k]), FloatBits(expected[k]))
+            << k << (first_occurrence_order ? " first-occurrence order" : " any order");
       }
     }
   }
