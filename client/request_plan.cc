@@ -111,10 +111,10 @@ absl::Status RequestPlan::ScatterRows(uint32_t shard, const v1::LookupResponse& 
 }
 
 absl::Status RequestPlan::RowAddresses(uint32_t shard, const v1::LookupResponse& response,
-                                       const std::vector<const char**>& at,
+                                       std::vector<std::vector<const char*>>* at,
                                        uint64_t* received) const {
   return ForEachRow(shard, response, received,
-                    [&](size_t tb, uint32_t k, const char* row) { at[tb][k] = row; });
+                    [&](size_t tb, uint32_t k, const char* row) { (*at)[tb][k] = row; });
 }
 
 }  // namespace ember

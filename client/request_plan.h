@@ -49,9 +49,10 @@ class RequestPlan {
   // ScatterRows without the copy: sets at[tb][k], for each key k of table tb
   // on `shard`, to the address of its row (dim[tb] floats, possibly
   // unaligned: read with memcpy) inside `response`, which must outlive the
-  // addresses. at[tb] has keys[tb].size() entries. Same errors as ScatterRows.
+  // addresses. (*at)[tb] must have keys[tb].size() entries. Same errors as
+  // ScatterRows.
   absl::Status RowAddresses(uint32_t shard, const v1::LookupResponse& response,
-                            const std::vector<const char**>& at, uint64_t* received) const;
+                            std::vector<std::vector<const char*>>* at, uint64_t* received) const;
 
  private:
   // Checks `response`'s shape as ScatterRows does, then calls

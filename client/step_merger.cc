@@ -19,7 +19,7 @@ struct StepMerger::MergedStep {
 };
 
 StepMerger::StepMerger(Client* client, StepMergerOptions options)
-    : client_(client), options_(std::move(options)) {
+    : client_(client), options_(std::move(options)), dedup_(std::make_unique<KeyDeduplicator>()) {
   parts_.assign(options_.ranks, nullptr);
   joined_.assign(options_.ranks, false);
 }
@@ -167,9 +167,8 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
     std::vector<const float*> grads(tables);
     for (size_t tb = 0; tb < tables; ++tb) {
       const size_t dim = dims_[tb];
-      sums_[tb].resize(m.keys[tb].size() * dim);
+      sums_[tb].assign(m.keys[tb].size() * dim, 0.0f);
       float* sums = sums_[tb].data();
-      memset(sums, 0, sums_[tb].size() * sizeof(float));
       for (int r = 0; r < ranks; ++r) {
         ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], static_cast<uint32_t>(dim), sums);
       }
@@ -188,16 +187,15 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
     auto merged = std::make_unique<MergedStep>();
     merged->keys.resize(tables);
     merged->map.assign(ranks, std::vector<std::vector<uint32_t>>(tables));
-    KeyDeduplicator dedup;
     uint64_t rank_keys = 0;
     for (size_t tb = 0; tb < tables; ++tb) {
-      dedup.Clear();
+      dedup_->Clear();
       for (int r = 0; r < ranks; ++r) {
         const std::vector<uint64_t>& keys = (*parts[r]->keys)[tb];
         rank_keys += keys.size();
-        dedup.Add(keys, &merged->map[r][tb]);
+        dedup_->Add(keys, &merged->map[r][tb]);
       }
-      merged->keys[tb] = dedup.unique();
+      merged->keys[tb] = dedup_->unique();
     }
     merged->plan.Route(*client_, tables_, dims_, merged->keys);
     for (uint32_t sh = 0; sh < shards; ++sh) {
@@ -233,14 +231,11 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
     // Each rank's rows, in its own key order, copied once: straight from
     // the responses.
     row_at_.resize(tables);
-    std::vector<const char**> at(tables);
-    for (size_t tb = 0; tb < tables; ++tb) {
-      row_at_[tb].resize(fetch->keys[tb].size());
-      at[tb] = row_at_[tb].data();
-    }
+    for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(fetch->keys[tb].size());
     for (uint32_t sh = 0; sh < shards; ++sh) {
       if (!fetch->plan.HasKeys(sh)) continue;
-      EMBER_RETURN_IF_ERROR(fetch->plan.RowAddresses(sh, responses[sh].lookup(), at, &received));
+      EMBER_RETURN_IF_ERROR(
+          fetch->plan.RowAddresses(sh, responses[sh].lookup(), &row_at_, &received));
     }
     for (int r = 0; r < ranks; ++r) {
       for (size_t tb = 0; tb < tables; ++tb) {

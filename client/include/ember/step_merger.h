@@ -45,6 +45,8 @@
 
 namespace ember {
 
+class KeyDeduplicator;  // client/dedup.h
+
 struct StepMergerOptions {
   int ranks = 1;          // pipelines sharing the merger, ranks 0 .. ranks - 1
   uint32_t worker_id = 0; // the node's worker id in every shard's SSP clock
@@ -126,9 +128,11 @@ class StepMerger {
   // Leader-only state (one leader at a time): each fetched step's merged
   // keys and maps, kept until the step's push.
   std::map<int64_t, std::unique_ptr<MergedStep>> steps_;
-  // Leader-only scratch, reused by every round: per table, the summed
-  // gradients of the merged keys and the address of each merged key's row
-  // in the shards' responses.
+  // Leader-only scratch, reused by every round so that a round allocates
+  // nothing once warm: the deduplicator of the ranks' keys and, per table,
+  // the summed gradients of the merged keys and the address of each merged
+  // key's row in the shards' responses.
+  std::unique_ptr<KeyDeduplicator> dedup_;
   std::vector<std::vector<float>> sums_;
   std::vector<std::vector<const char*>> row_at_;
 };
