@@ -1,9 +1,12 @@
 #include "server/embedding_service.h"
 
+#include <grpcpp/support/proto_buffer_reader.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "common/wire.h"
 #include "server/grpc_status.h"
+#include "server/row_slices.h"
 
 // A refused call answers with the refusal (see server/token_auth.h).
 #define EMBER_AUTHORIZE_SYNC(context, rpc)                                           \
@@ -252,10 +255,11 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
 }
 
 // One stream: read an exchange, run it, write its answer, read the next.
-// Only one operation is outstanding at a time, so the request and response
-// are reused (their buffers keep their capacity from step to step).
+// Only one operation is outstanding at a time, so the messages are reused
+// (the request's buffers keep their capacity from step to step; the rows of
+// an answer leave with it, see server/row_slices.h).
 class EmbeddingCallbackService::StreamReactor final
-    : public grpc::ServerBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(EmbeddingCallbackService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), open_(service->metrics_),
@@ -265,13 +269,23 @@ class EmbeddingCallbackService::StreamReactor final
       Finish(ToGrpcStatus(s));
       return;
     }
-    StartRead(&request_);
+    StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client closed its side (or went away)
       Finish(grpc::Status::OK);
       return;
+    }
+    {
+      grpc::ProtoBufferReader reader(&in_);
+      const bool parsed = request_.ParseFromZeroCopyStream(&reader);
+      in_.Clear();
+      if (!parsed) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "ExchangeStream: a message on the stream is not an ExchangeRequest"));
+        return;
+      }
     }
     const absl::Time deadline = std::min(Deadline(context_), absl::Now() + timeout_);
     absl::StatusOr<Ticket> ticket =
@@ -283,7 +297,8 @@ class EmbeddingCallbackService::StreamReactor final
     service_->RunExchange(&request_, &response_, deadline,
                           [this, ticket = *std::move(ticket)](const absl::Status& status) {
       if (status.ok()) {
-        StartWrite(&response_);
+        out_ = SerializeWithRowSlices(&response_);
+        StartWrite(&out_);
       } else {
         Finish(ToGrpcStatus(status));
       }
@@ -295,8 +310,9 @@ class EmbeddingCallbackService::StreamReactor final
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
       return;
     }
+    out_.Clear();
     response_.Clear();
-    StartRead(&request_);
+    StartRead(&in_);
   }
 
   void OnDone() override { delete this; }
@@ -306,11 +322,13 @@ class EmbeddingCallbackService::StreamReactor final
   grpc::CallbackServerContext* context_;
   const OpenStream open_;
   const absl::Duration timeout_;
+  grpc::ByteBuffer in_;
   v1::ExchangeRequest request_;
   v1::ExchangeResponse response_;
+  grpc::ByteBuffer out_;
 };
 
-grpc::ServerBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 EmbeddingCallbackService::ExchangeStream(grpc::CallbackServerContext* context) {
   return new StreamReactor(this, context);
 }

@@ -51,7 +51,18 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
   InflightLimit* inflight_;
 };
 
-class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackService {
+// The generated callback service with ExchangeStream taken raw: its
+// messages are parsed here and its answers serialised by
+// SerializeWithRowSlices (server/row_slices.h), so that rows are not copied
+// again on the way out. The wire format is unchanged.
+using EmbeddingCallbackBase = v1::EmbeddingService::WithCallbackMethod_Lookup<
+    v1::EmbeddingService::WithCallbackMethod_Push<v1::EmbeddingService::WithCallbackMethod_Exchange<
+        v1::EmbeddingService::WithRawCallbackMethod_ExchangeStream<
+            v1::EmbeddingService::WithCallbackMethod_RegisterWorker<
+                v1::EmbeddingService::WithCallbackMethod_UnregisterWorker<
+                    v1::EmbeddingService::Service>>>>>>;
+
+class EmbeddingCallbackService final : public EmbeddingCallbackBase {
  public:
   // `shard` and `metrics` (null: none) must outlive the service. Lookups
   // that may wait run on `pool_threads` threads; with `all_lookups_on_pool`
@@ -73,7 +84,7 @@ class EmbeddingCallbackService final : public v1::EmbeddingService::CallbackServ
                                      const v1::ExchangeRequest* request,
                                      v1::ExchangeResponse* response) override;
   // A reactor per open stream; each exchange runs like a unary Exchange.
-  grpc::ServerBidiReactor<v1::ExchangeRequest, v1::ExchangeResponse>* ExchangeStream(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExchangeStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
