@@ -6,6 +6,7 @@
 #   bench/ab_compare.sh trainer A/ember-trainer B/ember-trainer  # steps/s, prefetch on
 #   bench/ab_compare.sh build   A_BUILD_DIR     B_BUILD_DIR [trainer flags...]
 #   bench/ab_compare.sh flags   "A FLAGS"       "B FLAGS"   [trainer flags...]
+#   bench/ab_compare.sh shard-flags "A FLAGS"   "B FLAGS"   [trainer flags...]
 #   bench/ab_compare.sh dims    8,32,128,256    [trainer flags...]
 #   bench/ab_compare.sh lookup-dims 8,32,128,256 [ember-lookup-bench flags...]
 # `server` and `trainer` take the other program from $EMBER_BUILD_DIR
@@ -16,6 +17,9 @@
 # the shards (from /proc, so older builds are measured the same way) and of
 # both. `flags` does the same with one build ($EMBER_BUILD_DIR) and two
 # sets of trainer flags (e.g. "--exchange_streams=false" "--exchange_streams=true").
+# `shard-flags` is `flags` with the two sets given to the shards instead
+# (e.g. "--rpc_mode=sync" "--rpc_mode=callback"). $EMBER_SHARD_FLAGS, if set,
+# goes to every shard of every mode (e.g. --rpc_mode=callback for `build`).
 # `dims` is `flags` with one variant per embedding dim (--dim=D), and ends
 # with each dim's mean CPU per pipeline-step and its ratio to the first dim's.
 # `lookup-dims` alternates ember-lookup-bench runs of one round each, one per
@@ -36,6 +40,7 @@ fi
 declare -A CPU_SUM=() LOOKUP_SUM=() PUSH_SUM=()
 ROUNDS="${EMBER_ROUNDS:-3}"
 BUILD="${EMBER_BUILD_DIR:-build}"
+read -ra SHARD_FLAGS <<<"${EMBER_SHARD_FLAGS:-}"
 source scripts/local_cluster.sh
 
 shard_ticks() {  # utime + stime of the shards, in clock ticks
@@ -48,7 +53,7 @@ HZ=$(getconf CLK_TCK)
 for ((round = 1; round <= ROUNDS; round++)); do
   for bin in "${VARIANTS[@]}"; do
     if [ "$MODE" = server ]; then
-      EMBER_SERVER_BIN="$bin" start_shards 2 --worker_threads=4 >/dev/null
+      EMBER_SERVER_BIN="$bin" start_shards 2 --worker_threads=4 "${SHARD_FLAGS[@]}" >/dev/null
       trainer="$BUILD/bench/ember-trainer"
       "$trainer" --shards="$SHARD_ADDRESSES" --seconds=2 --compute_ms=1 --warmup_seconds=3 >/dev/null
       before=$(shard_ticks)
@@ -59,15 +64,20 @@ for ((round = 1; round <= ROUNDS; round++)); do
       echo "round $round $bin: shards' CPU $(( (after - before) * 1000 / HZ )) ms" \
         "for $steps steps = $(awk -v t=$((after - before)) -v s="$steps" -v hz="$HZ" \
         'BEGIN {printf "%.3f", t * 1000 / hz / s}') ms/step"
-    elif [ "$MODE" = build ] || [ "$MODE" = flags ] || [ "$MODE" = dims ]; then
+    elif [ "$MODE" = build ] || [ "$MODE" = flags ] || [ "$MODE" = dims ] ||
+      [ "$MODE" = shard-flags ]; then
+      shard_flags=("${SHARD_FLAGS[@]}")
       if [ "$MODE" = build ]; then
         dir="$bin"; flags=()
       elif [ "$MODE" = dims ]; then
         dir="$BUILD"; flags=("--dim=$bin")
+      elif [ "$MODE" = shard-flags ]; then
+        dir="$BUILD"; flags=(); read -ra more <<<"$bin"; shard_flags+=("${more[@]}")
       else
         dir="$BUILD"; read -ra flags <<<"$bin"
       fi
-      EMBER_SERVER_BIN="$dir/server/ember-server" start_shards 2 --worker_threads=4 >/dev/null
+      EMBER_SERVER_BIN="$dir/server/ember-server" start_shards 2 --worker_threads=4 \
+        "${shard_flags[@]}" >/dev/null
       trainer="$dir/bench/ember-trainer"
       # Warm the tables first, untimed, so that both builds serve hot keys.
       "$trainer" --shards="$SHARD_ADDRESSES" --seconds=1 --compute_ms=1 --warmup_seconds=3 \
@@ -89,7 +99,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         "= $total ms"
       CPU_SUM[$bin]=$(awk -v a="${CPU_SUM[$bin]:-0}" -v b="$total" 'BEGIN {print a + b}')
     elif [ "$MODE" = lookup-dims ]; then
-      start_shards 2 --worker_threads=4 >/dev/null
+      start_shards 2 --worker_threads=4 "${SHARD_FLAGS[@]}" >/dev/null
       out=$("$BUILD/bench/ember-lookup-bench" --shards="$SHARD_ADDRESSES" --dim="$bin" \
         --pipelines=4 --rounds=1 "$@")
       # Column 10: CPU ms per step request (bench client + shards).
@@ -99,7 +109,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
       LOOKUP_SUM[$bin]=$(awk -v a="${LOOKUP_SUM[$bin]:-0}" -v b="$lookup" 'BEGIN {print a + b}')
       PUSH_SUM[$bin]=$(awk -v a="${PUSH_SUM[$bin]:-0}" -v b="$push" 'BEGIN {print a + b}')
     else
-      start_shards 2 --worker_threads=4 >/dev/null
+      start_shards 2 --worker_threads=4 "${SHARD_FLAGS[@]}" >/dev/null
       echo "round $round $bin:"
       "$bin" --shards="$SHARD_ADDRESSES" --seconds=4 --pipelines=4 --compute_ms=1,5 \
         --warmup_seconds=2 | grep -E '\| prefetch on \|'
