@@ -4,9 +4,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "common/aliased_serialize.h"
 #include "common/wire.h"
 #include "server/grpc_status.h"
-#include "server/row_slices.h"
 
 // A refused call answers with the refusal (see server/token_auth.h).
 #define EMBER_AUTHORIZE_SYNC(context, rpc)                                           \
@@ -255,9 +255,9 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
 }
 
 // One stream: read an exchange, run it, write its answer, read the next.
-// Only one operation is outstanding at a time, so the messages are reused
-// (the request's buffers keep their capacity from step to step; the rows of
-// an answer leave with it, see server/row_slices.h).
+// Only one operation is outstanding at a time, so the request is reused (its
+// buffers keep their capacity from step to step); each answer leaves with
+// the bytes sent, which point into it.
 class EmbeddingCallbackService::StreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -297,7 +297,9 @@ class EmbeddingCallbackService::StreamReactor final
     service_->RunExchange(&request_, &response_, deadline,
                           [this, ticket = *std::move(ticket)](const absl::Status& status) {
       if (status.ok()) {
-        out_ = SerializeWithRowSlices(&response_);
+        auto sent = std::make_shared<v1::ExchangeResponse>();
+        sent->Swap(&response_);
+        out_ = SerializeAliased(std::move(sent));
         StartWrite(&out_);
       } else {
         Finish(ToGrpcStatus(status));
@@ -311,7 +313,6 @@ class EmbeddingCallbackService::StreamReactor final
       return;
     }
     out_.Clear();
-    response_.Clear();
     StartRead(&in_);
   }
 

@@ -52,9 +52,9 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
 };
 
 // The generated callback service with ExchangeStream taken raw: its
-// messages are parsed here and its answers serialised by
-// SerializeWithRowSlices (server/row_slices.h), so that rows are not copied
-// again on the way out. The wire format is unchanged.
+// messages are parsed here and its answers serialised by SerializeAliased
+// (common/aliased_serialize.h), so that rows are not copied again on the way
+// out. The wire bytes are the same.
 using EmbeddingCallbackBase = v1::EmbeddingService::WithCallbackMethod_Lookup<
     v1::EmbeddingService::WithCallbackMethod_Push<v1::EmbeddingService::WithCallbackMethod_Exchange<
         v1::EmbeddingService::WithRawCallbackMethod_ExchangeStream<

@@ -1,0 +1,91 @@
+#include "common/aliased_serialize.h"
+
+#include <grpc/slice.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream.h>
+#include <grpcpp/support/slice.h>
+
+namespace ember {
+namespace {
+
+using google::protobuf::Message;
+
+// Output stream of gRPC slices: what protobuf writes goes into refcounted
+// blocks, emitted as sub-slices of them; what it aliases becomes a slice
+// that holds a reference to the message.
+class SliceStream final : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  explicit SliceStream(std::shared_ptr<const Message> owner) : owner_(std::move(owner)) {}
+  ~SliceStream() override { grpc_slice_unref(block_); }
+
+  bool Next(void** data, int* size) override {
+    if (used_ == GRPC_SLICE_LENGTH(block_)) NewBlock();
+    *data = GRPC_SLICE_START_PTR(block_) + used_;
+    *size = static_cast<int>(GRPC_SLICE_LENGTH(block_) - used_);
+    used_ = GRPC_SLICE_LENGTH(block_);
+    bytes_ += *size;
+    return true;
+  }
+  void BackUp(int count) override {
+    used_ -= count;
+    bytes_ -= count;
+  }
+  int64_t ByteCount() const override { return bytes_; }
+  bool AllowsAliasing() const override { return true; }
+  bool WriteAliasedRaw(const void* data, int size) override {
+    EmitBlock();
+    slices_.emplace_back(
+        const_cast<void*>(data), static_cast<size_t>(size),
+        [](void* p) { delete static_cast<std::shared_ptr<const Message>*>(p); },
+        new std::shared_ptr<const Message>(owner_));
+    bytes_ += size;
+    return true;
+  }
+
+  grpc::ByteBuffer Finish() {
+    EmitBlock();
+    return grpc::ByteBuffer(slices_.data(), slices_.size());
+  }
+
+ private:
+  // The written, not yet emitted part of the block, as a slice.
+  void EmitBlock() {
+    if (used_ == emitted_) return;
+    slices_.emplace_back(grpc_slice_sub(block_, emitted_, used_), grpc::Slice::STEAL_REF);
+    emitted_ = used_;
+  }
+  void NewBlock() {
+    EmitBlock();
+    grpc_slice_unref(block_);
+    block_ = grpc_slice_malloc(kAliasedSerializeBlockBytes);
+    used_ = emitted_ = 0;
+  }
+
+  std::shared_ptr<const Message> owner_;
+  grpc_slice block_ = grpc_empty_slice();
+  size_t used_ = 0;     // bytes of block_ handed out and not backed up
+  size_t emitted_ = 0;  // bytes of block_ already in slices_
+  int64_t bytes_ = 0;
+  std::vector<grpc::Slice> slices_;
+};
+
+}  // namespace
+
+grpc::ByteBuffer SerializeAliased(std::shared_ptr<const Message> message) {
+  message->ByteSizeLong();  // caches the sizes SerializeWithCachedSizes writes
+  const Message& m = *message;
+  SliceStream stream(std::move(message));
+  {
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.EnableAliasing(true);
+    m.SerializeWithCachedSizes(&out);
+  }  // hands back what it did not use
+  return stream.Finish();
+}
+
+}  // namespace ember

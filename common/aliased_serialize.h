@@ -1,0 +1,36 @@
+// Serialises a protobuf message into a gRPC ByteBuffer without copying its
+// large `bytes` fields.
+//
+// A lookup's rows and a push's gradients are the bulk of every message (tens
+// of KB at dim 8, MBs at dim 128). gRPC's generated code has protobuf copy
+// them into one contiguous buffer before sending it. Protobuf's serializer
+// can instead hand a large field over by address, when its output stream
+// allows that ("aliasing"); the stream here turns each such field into a
+// gRPC slice of its own, pointing into the message, and gRPC writes slices
+// to the socket as they are. So a row's bytes are written into the message
+// once and read from there by the kernel.
+//
+// The bytes are exactly SerializeAsString()'s: any receiver parses them as
+// before. Which fields are aliased is protobuf's choice: a field is copied
+// when it fits in the block being filled (blocks are kBlockBytes), so fields
+// of kBlockBytes or more are always aliased and small ones never are.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include <google/protobuf/message.h>
+#include <grpcpp/support/byte_buffer.h>
+
+namespace ember {
+
+inline constexpr size_t kAliasedSerializeBlockBytes = 8192;
+
+// The returned buffer shares ownership of `message`: the message lives until
+// gRPC is done with the last slice that points into it, on whatever thread
+// that happens, so it must not change after this call. The message must be
+// initialised (proto3 messages always are). Thread-safe for distinct
+// messages.
+grpc::ByteBuffer SerializeAliased(std::shared_ptr<const google::protobuf::Message> message);
+
+}  // namespace ember
