@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/exchange_stream.h"
 #include "client/request_plan.h"
+#include "common/aliased_serialize.h"
 #include "common/key_hash.h"
 #include "common/status_macros.h"
 #include "ember/v1/admin_service.grpc.pb.h"
@@ -100,6 +101,11 @@ class Client::Impl {
 
   absl::Status ShardInfos(absl::Duration timeout, bool wait_for_ready,
                           std::vector<v1::GetShardInfoResponse>* infos);
+
+  template <typename Bytes>
+  absl::Status Exchange(absl::Span<const v1::ExchangeRequest* const> requests, Bytes bytes,
+                        std::vector<v1::ExchangeResponse>* responses,
+                        std::vector<ShardCall>* calls);
 
   // Sends requests[i] to every shard i with active[i], in parallel, each
   // attempt with its own deadline; retries UNAVAILABLE ones with backoff
@@ -246,8 +252,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     auto channel = grpc::CreateCustomChannel(address, credentials, args);
     impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
     impl->admin.push_back(v1::AdminService::NewStub(channel));
-    impl->streams.push_back(std::make_unique<ExchangeStreamPool>(
-        impl->embedding.back().get(), options.rpc_timeout, options.auth_token));
+    impl->streams.push_back(
+        std::make_unique<ExchangeStreamPool>(channel, options.rpc_timeout, options.auth_token));
   }
   impl->unary_only = std::make_unique<std::atomic<bool>[]>(options.shards.size());
   std::vector<v1::GetShardInfoResponse> infos;
@@ -360,48 +366,51 @@ absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
       });
 }
 
-absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
-                              std::vector<v1::ExchangeResponse>* responses,
-                              std::vector<ShardCall>* calls) {
-  if (requests.size() != shard_count()) {
-    return absl::InvalidArgumentError(absl::StrCat("Exchange: expected ", shard_count(),
-                                                   " requests (one per shard), received ",
-                                                   requests.size()));
+// Both Exchange overloads: requests[i] to shard i; `bytes(i)` serialises
+// shard i's request for its exchange stream (once per attempt).
+template <typename Bytes>
+absl::Status Client::Impl::Exchange(absl::Span<const v1::ExchangeRequest* const> requests,
+                                    Bytes bytes, std::vector<v1::ExchangeResponse>* responses,
+                                    std::vector<ShardCall>* calls) {
+  const uint32_t shards = static_cast<uint32_t>(embedding.size());
+  if (requests.size() != shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Exchange: expected ", shards, " requests (one per shard), received ", requests.size()));
   }
-  std::vector<bool> active(shard_count());
-  for (uint32_t i = 0; i < shard_count(); ++i) {
-    active[i] = requests[i].has_push() || requests[i].has_lookup();
+  std::vector<bool> active(shards);
+  for (uint32_t i = 0; i < shards; ++i) {
+    active[i] = requests[i]->has_push() || requests[i]->has_lookup();
   }
-  if (!impl_->options.exchange_streams) {
-    return impl_->CallShards(
-        "Exchange", requests, active, responses, impl_->options.rpc_timeout,
-        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* req,
+  if (!options.exchange_streams) {
+    return CallShards(
+        "Exchange", requests, active, responses, options.rpc_timeout,
+        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* const* req,
             v1::ExchangeResponse* resp, std::function<void(grpc::Status)> done) {
-          impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+          embedding[shard]->async()->Exchange(ctx, *req, resp, std::move(done));
         },
         calls);
   }
   // Streams are held by this call until every attempt has ended, so that a
   // canceller never reaches a stream another caller took from the pool.
   std::vector<std::pair<uint32_t, std::unique_ptr<ExchangeStream>>> held;
-  absl::Status status = impl_->CallShards(
-      "Exchange", requests, active, responses, impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* req,
+  absl::Status status = CallShards(
+      "Exchange", requests, active, responses, options.rpc_timeout,
+      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* const* req,
           v1::ExchangeResponse* resp,
           std::function<void(grpc::Status)> done) -> std::function<void()> {
-        auto unary = [this, shard, ctx, req, resp](std::function<void(grpc::Status)> done) {
-          impl_->embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+        auto unary = [this, shard, ctx, req = *req, resp](std::function<void(grpc::Status)> done) {
+          embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
         };
-        if (impl_->unary_only[shard].load()) {
+        if (unary_only[shard].load()) {
           unary(std::move(done));
           return nullptr;
         }
-        held.emplace_back(shard, impl_->streams[shard]->Acquire());
+        held.emplace_back(shard, streams[shard]->Acquire());
         ExchangeStream* stream = held.back().second.get();
-        stream->Send(req, resp,
+        stream->Send(bytes(shard), resp,
                      [this, shard, stream, unary, done = std::move(done)](grpc::Status s) mutable {
                        if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && !stream->answered()) {
-                         impl_->unary_only[shard] = true;  // a shard from before streams
+                         unary_only[shard] = true;  // a shard from before streams
                          unary(std::move(done));
                          return;
                        }
@@ -410,8 +419,31 @@ absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
         return [stream] { stream->CancelForDeadline(); };
       },
       calls);
-  for (auto& [shard, stream] : held) impl_->streams[shard]->Release(std::move(stream));
+  for (auto& [shard, stream] : held) streams[shard]->Release(std::move(stream));
   return status;
+}
+
+absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
+                              std::vector<v1::ExchangeResponse>* responses,
+                              std::vector<ShardCall>* calls) {
+  std::vector<const v1::ExchangeRequest*> views(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) views[i] = &requests[i];
+  return impl_->Exchange(
+      views, [&](uint32_t shard) { return SerializeCopied(requests[shard]); }, responses, calls);
+}
+
+absl::Status Client::Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
+                              std::vector<v1::ExchangeResponse>* responses,
+                              std::vector<ShardCall>* calls) {
+  std::vector<const v1::ExchangeRequest*> views(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("Exchange: request ", i, " is null"));
+    }
+    views[i] = requests[i].get();
+  }
+  return impl_->Exchange(
+      views, [&](uint32_t shard) { return SerializeAliased(requests[shard]); }, responses, calls);
 }
 
 absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {

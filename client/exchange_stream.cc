@@ -3,7 +3,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace ember {
 
@@ -11,14 +13,16 @@ namespace ember {
 // that Send never races with its end: a stream whose shard went away fails
 // the next exchange's read, and only then is the hold removed and the
 // stream's status delivered.
-ExchangeStream::ExchangeStream(v1::EmbeddingService::Stub* stub, absl::Duration exchange_timeout,
+ExchangeStream::ExchangeStream(grpc::GenericStub* stub, absl::Duration exchange_timeout,
                                const std::string& auth_token) {
   if (!auth_token.empty()) context_.AddMetadata("authorization", "Bearer " + auth_token);
   if (exchange_timeout < absl::InfiniteDuration()) {
     context_.AddMetadata(kExchangeTimeoutMetadata,
                          std::to_string(absl::ToInt64Milliseconds(exchange_timeout)));
   }
-  stub->async()->ExchangeStream(&context_, this);
+  static const std::string* const kMethod =
+      new std::string(absl::StrCat("/", v1::EmbeddingService::service_full_name(), "/ExchangeStream"));
+  stub->PrepareBidiStreamingCall(&context_, *kMethod, grpc::StubOptions(), this);
   AddHold();
   StartCall();
 }
@@ -38,20 +42,22 @@ ExchangeStream::~ExchangeStream() {
   }
 }
 
-void ExchangeStream::Send(const v1::ExchangeRequest* request, v1::ExchangeResponse* response,
+void ExchangeStream::Send(grpc::ByteBuffer request, v1::ExchangeResponse* response,
                           std::function<void(grpc::Status)> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = std::move(done);
     pending_ = 2;
   }
+  request_ = std::move(request);
+  response_ = response;
   // The write goes first. A read started first on a broken stream can fail at
   // once; OnReadDone then removes the hold, gRPC ends the call and frees its
   // state, and a StartWrite issued after that touches freed memory (found
   // under ASan by the kill-and-restart pipeline test). An outstanding write
   // keeps the call alive until the read is started.
-  StartWrite(request);
-  StartRead(response);
+  StartWrite(&request_);
+  StartRead(&answer_);
 }
 
 void ExchangeStream::CancelForDeadline() {
@@ -74,6 +80,7 @@ bool ExchangeStream::answered() const {
 }
 
 void ExchangeStream::OnWriteDone(bool ok) {
+  request_.Clear();  // gRPC holds what it still needs of it
   if (!ok) {
     std::lock_guard<std::mutex> lock(mu_);
     write_failed_ = true;  // the read fails too, or has its answer already
@@ -83,8 +90,12 @@ void ExchangeStream::OnWriteDone(bool ok) {
 
 void ExchangeStream::OnReadDone(bool ok) {
   if (ok) {
+    grpc::ProtoBufferReader reader(&answer_);
+    const bool parsed = response_->ParseFromZeroCopyStream(&reader);
+    answer_.Clear();
     std::lock_guard<std::mutex> lock(mu_);
     answered_ = true;
+    malformed_ = !parsed;
   } else {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -99,16 +110,22 @@ void ExchangeStream::OnReadDone(bool ok) {
 void ExchangeStream::OperationDone() {
   std::function<void(grpc::Status)> done;
   bool broken = false;
+  bool malformed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (--pending_ > 0 || hold_removed_) return;  // failed: OnDone runs `done`
     done = std::move(done_);
     done_ = nullptr;
-    broken = write_failed_;
+    malformed = malformed_;
+    broken = write_failed_ || malformed;
     if (broken) hold_removed_ = true;  // finished for the pool; OnDone follows
   }
+  if (malformed) context_.TryCancel();  // the shard would wait for our next request
   if (broken) RemoveHold();
-  done(grpc::Status::OK);
+  done(malformed ? grpc::Status(grpc::StatusCode::INTERNAL,
+                                "the shard's answer on the exchange stream is not an "
+                                "ExchangeResponse")
+                 : grpc::Status::OK);
 }
 
 void ExchangeStream::OnDone(const grpc::Status& status) {
@@ -149,7 +166,7 @@ std::unique_ptr<ExchangeStream> ExchangeStreamPool::Acquire() {
   }
   finished.clear();  // closes them outside the lock
   if (stream == nullptr) {
-    stream = std::make_unique<ExchangeStream>(stub_, exchange_timeout_, auth_token_);
+    stream = std::make_unique<ExchangeStream>(&stub_, exchange_timeout_, auth_token_);
   }
   return stream;
 }

@@ -110,6 +110,18 @@ absl::Status RequestPlan::ScatterRows(uint32_t shard, const v1::LookupResponse& 
   });
 }
 
+std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(
+    std::vector<v1::ExchangeRequest>* requests) {
+  std::vector<std::shared_ptr<const v1::ExchangeRequest>> shared;
+  shared.reserve(requests->size());
+  for (v1::ExchangeRequest& r : *requests) {
+    auto owned = std::make_shared<v1::ExchangeRequest>();
+    owned->Swap(&r);
+    shared.push_back(std::move(owned));
+  }
+  return shared;
+}
+
 absl::Status RequestPlan::RowAddresses(uint32_t shard, const v1::LookupResponse& response,
                                        std::vector<std::vector<const char*>>* at,
                                        uint64_t* received) const {

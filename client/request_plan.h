@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,11 @@
 namespace ember {
 
 class Client;
+
+// Moves each request into a shared one, for Client::Exchange to send without
+// copying its keys and gradients; leaves `requests` empty messages.
+std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(
+    std::vector<v1::ExchangeRequest>* requests);
 
 class RequestPlan {
  public:

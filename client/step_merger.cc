@@ -221,7 +221,7 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   if (!first.push_step && !first.fetch_step) return absl::OkStatus();
 
   std::vector<v1::ExchangeResponse> responses;
-  EMBER_RETURN_IF_ERROR(client_->Exchange(requests, &responses));
+  EMBER_RETURN_IF_ERROR(client_->Exchange(HandOver(&requests), &responses));
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.rounds;

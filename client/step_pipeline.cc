@@ -466,7 +466,7 @@ class StepPipeline::Impl {
     std::vector<ShardCall> calls;
     const absl::Time start = absl::Now();
     absl::Status status =
-        client_->Exchange(requests, &responses, telemetry_->tracing() ? &calls : nullptr);
+        client_->Exchange(HandOver(&requests), &responses, telemetry_->tracing() ? &calls : nullptr);
     telemetry_->ExchangeSpans(start, shards, push ? &push->step : nullptr,
                               fetch ? &fetch->step : nullptr, status.ok(), calls);
     if (fetch && status.ok()) status = FinishLookup(*fetch, responses);

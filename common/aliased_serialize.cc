@@ -2,6 +2,7 @@
 
 #include <grpc/slice.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -16,11 +17,13 @@ namespace {
 using google::protobuf::Message;
 
 // Output stream of gRPC slices: what protobuf writes goes into refcounted
-// blocks, emitted as sub-slices of them; what it aliases becomes a slice
-// that holds a reference to the message.
+// blocks, emitted as sub-slices of them; what it aliases (only with an
+// owner) becomes a slice that holds a reference to the owner.
 class SliceStream final : public google::protobuf::io::ZeroCopyOutputStream {
  public:
-  explicit SliceStream(std::shared_ptr<const Message> owner) : owner_(std::move(owner)) {}
+  // Blocks of `block_bytes`.
+  SliceStream(std::shared_ptr<const Message> owner, size_t block_bytes)
+      : owner_(std::move(owner)), block_bytes_(block_bytes) {}
   ~SliceStream() override { grpc_slice_unref(block_); }
 
   bool Next(void** data, int* size) override {
@@ -36,7 +39,7 @@ class SliceStream final : public google::protobuf::io::ZeroCopyOutputStream {
     bytes_ -= count;
   }
   int64_t ByteCount() const override { return bytes_; }
-  bool AllowsAliasing() const override { return true; }
+  bool AllowsAliasing() const override { return owner_ != nullptr; }
   bool WriteAliasedRaw(const void* data, int size) override {
     EmitBlock();
     slices_.emplace_back(
@@ -62,11 +65,12 @@ class SliceStream final : public google::protobuf::io::ZeroCopyOutputStream {
   void NewBlock() {
     EmitBlock();
     grpc_slice_unref(block_);
-    block_ = grpc_slice_malloc(kAliasedSerializeBlockBytes);
+    block_ = grpc_slice_malloc(block_bytes_);
     used_ = emitted_ = 0;
   }
 
   std::shared_ptr<const Message> owner_;
+  const size_t block_bytes_;
   grpc_slice block_ = grpc_empty_slice();
   size_t used_ = 0;     // bytes of block_ handed out and not backed up
   size_t emitted_ = 0;  // bytes of block_ already in slices_
@@ -74,18 +78,28 @@ class SliceStream final : public google::protobuf::io::ZeroCopyOutputStream {
   std::vector<grpc::Slice> slices_;
 };
 
-}  // namespace
-
-grpc::ByteBuffer SerializeAliased(std::shared_ptr<const Message> message) {
-  message->ByteSizeLong();  // caches the sizes SerializeWithCachedSizes writes
-  const Message& m = *message;
-  SliceStream stream(std::move(message));
+// Serialises `m` into slices; large fields by reference when `owner` (which
+// holds `m`) is set. Without one, the whole message goes into one block.
+grpc::ByteBuffer Serialize(const Message& m, std::shared_ptr<const Message> owner) {
+  const size_t bytes = m.ByteSizeLong();  // also caches the sizes written below
+  const size_t block = owner ? kAliasedSerializeBlockBytes
+                             : std::max(kAliasedSerializeBlockBytes, bytes);
+  SliceStream stream(std::move(owner), block);
   {
     google::protobuf::io::CodedOutputStream out(&stream);
-    out.EnableAliasing(true);
+    out.EnableAliasing(true);  // no effect without an owner: the stream refuses
     m.SerializeWithCachedSizes(&out);
   }  // hands back what it did not use
   return stream.Finish();
 }
+
+}  // namespace
+
+grpc::ByteBuffer SerializeAliased(std::shared_ptr<const Message> message) {
+  const Message& m = *message;
+  return Serialize(m, std::move(message));
+}
+
+grpc::ByteBuffer SerializeCopied(const Message& message) { return Serialize(message, nullptr); }
 
 }  // namespace ember

@@ -33,4 +33,8 @@ inline constexpr size_t kAliasedSerializeBlockBytes = 8192;
 // messages.
 grpc::ByteBuffer SerializeAliased(std::shared_ptr<const google::protobuf::Message> message);
 
+// The same bytes with every field copied, for a message the caller keeps:
+// what gRPC's generated code does. The buffer does not refer to `message`.
+grpc::ByteBuffer SerializeCopied(const google::protobuf::Message& message);
+
 }  // namespace ember

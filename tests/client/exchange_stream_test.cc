@@ -7,7 +7,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/request_plan.h"
 #include "ember/client.h"
 #include "gtest/gtest.h"
 #include "tests/server/http_get.h"
@@ -54,13 +56,14 @@ class ExchangeStreamTest : public ::testing::Test {
 
   // Step t's exchange for `table`: gradients of step t - 1 (if t > 0) on
   // half the keys, and a lookup of all of them, on every shard.
-  std::vector<v1::ExchangeRequest> StepRequests(const std::string& table, int t) {
+  std::vector<v1::ExchangeRequest> StepRequests(const std::string& table, int t,
+                                                uint32_t dim = kDim) {
     std::vector<v1::ExchangeRequest> requests(kShards);
     for (uint32_t s = 0; s < kShards; ++s) {
       const std::vector<uint64_t> keys = OwnedKeys(s, kShards, 32, 1 + t % 3);
       if (t > 0) {
         const std::vector<uint64_t> pushed(keys.begin(), keys.begin() + 16);
-        std::vector<float> grads(pushed.size() * kDim);
+        std::vector<float> grads(pushed.size() * dim);
         for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>((i + t) % 7);
         AddGradients(requests[s].mutable_push(), table, pushed, grads);
         requests[s].mutable_push()->set_step(t - 1);
@@ -106,6 +109,40 @@ TEST_F(ExchangeStreamTest, ManyStepsTravelOnOneStreamPerShardWithRowsBitIdentica
     EXPECT_EQ(MetricValue(*shard, "ember_rpc_requests_total{rpc=\"Exchange\",code=\"OK\"}"),
               2 * kSteps);
   }
+}
+
+// Requests handed over are sent with their gradients aliased (at dim 256 a
+// shard's gradients are 16 KiB, over the serializer's block); the shards
+// must train exactly as from copied requests.
+TEST_F(ExchangeStreamTest, HandedOverRequestsTrainExactlyLikeCopiedOnes) {
+  constexpr uint32_t kWide = 256;
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("handed", kWide)));
+  ASSERT_OK(client->CreateTable(AdagradTable("copied", kWide)));  // same config, same seed
+  for (int t = 0; t < 12; ++t) {
+    std::vector<v1::ExchangeRequest> handed = StepRequests("handed", t, kWide);
+    std::vector<v1::ExchangeResponse> a, b;
+    ASSERT_OK(client->Exchange(HandOver(&handed), &a));
+    ASSERT_OK(client->Exchange(StepRequests("copied", t, kWide), &b));
+    for (uint32_t s = 0; s < kShards; ++s) {
+      ASSERT_EQ(a[s].lookup().tables_size(), 1);
+      ASSERT_EQ(a[s].lookup().tables(0).rows().size(), 32 * kWide * sizeof(float));
+      ASSERT_EQ(a[s].lookup().tables(0).rows(), b[s].lookup().tables(0).rows())
+          << "step " << t << " shard " << s;
+    }
+  }
+}
+
+TEST_F(ExchangeStreamTest, ANullHandedOverRequestIsRefusedNamingItsIndex) {
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests(kShards);
+  requests[0] = std::make_shared<v1::ExchangeRequest>();
+  std::vector<v1::ExchangeResponse> responses;
+  const absl::Status s = client->Exchange(requests, &responses);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "request 1 is null")) << s;
 }
 
 // The answer can arrive before gRPC reports the request written; the next

@@ -2,6 +2,7 @@
 // message itself, and the message kept alive exactly as long as they are.
 #include "common/aliased_serialize.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,20 @@ TEST(AliasedSerializeTest, TheMessageLivesUntilGrpcReleasesItsLastSlice) {
   EXPECT_EQ(bytes.size(), watch.lock()->ByteSizeLong());
   buffer.reset();
   EXPECT_TRUE(watch.expired());
+}
+
+TEST(AliasedSerializeTest, CopiedBytesAreProtobufsOwnInOneSliceThatOutlivesTheMessage) {
+  for (size_t grad_bytes : {size_t{32}, size_t{4 * 128 * 40000}}) {
+    auto m = Request(8, grad_bytes);
+    const std::string expected = m->SerializeAsString();
+    const auto grads = reinterpret_cast<uintptr_t>(m->push().tables(0).gradients().data());
+    grpc::ByteBuffer buffer = SerializeCopied(*m);
+    m.reset();
+    const std::vector<grpc::Slice> slices = Slices(buffer);
+    EXPECT_EQ(slices.size(), 1u);
+    for (const grpc::Slice& s : slices) EXPECT_NE(reinterpret_cast<uintptr_t>(s.begin()), grads);
+    EXPECT_TRUE(Flatten(buffer) == expected);
+  }
 }
 
 TEST(AliasedSerializeTest, AMessageWithNoLargeFieldIsNotKept) {

@@ -131,6 +131,14 @@ class Client {
   absl::Status Exchange(absl::Span<const v1::ExchangeRequest> requests,
                         std::vector<v1::ExchangeResponse>* responses,
                         std::vector<ShardCall>* calls = nullptr);
+  // The same for requests handed over (none null): on exchange streams their
+  // large fields (keys, gradients) are sent from the requests' own memory,
+  // not copied into gRPC's buffers; the library keeps each request alive
+  // until gRPC is done with it, which may be after this call returns, so
+  // they must not change.
+  absl::Status Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
+                        std::vector<v1::ExchangeResponse>* responses,
+                        std::vector<ShardCall>* calls = nullptr);
   // On every shard.
   absl::Status RegisterWorker(uint32_t worker_id, int64_t first_step);
   absl::Status UnregisterWorker(uint32_t worker_id);
