@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/aliased_serialize.h"
 #include "common/wire.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace ember {
 
@@ -90,9 +90,7 @@ void ExchangeStream::OnWriteDone(bool ok) {
 
 void ExchangeStream::OnReadDone(bool ok) {
   if (ok) {
-    grpc::ProtoBufferReader reader(&answer_);
-    const bool parsed = response_->ParseFromZeroCopyStream(&reader);
-    answer_.Clear();
+    const bool parsed = ParseAndClear(&answer_, response_);
     std::lock_guard<std::mutex> lock(mu_);
     answered_ = true;
     malformed_ = !parsed;

@@ -9,6 +9,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
 namespace ember {
@@ -101,5 +102,15 @@ grpc::ByteBuffer SerializeAliased(std::shared_ptr<const Message> message) {
 }
 
 grpc::ByteBuffer SerializeCopied(const Message& message) { return Serialize(message, nullptr); }
+
+bool ParseAndClear(grpc::ByteBuffer* buffer, Message* message) {
+  bool parsed;
+  {
+    grpc::ProtoBufferReader reader(buffer);
+    parsed = message->ParseFromZeroCopyStream(&reader);
+  }
+  buffer->Clear();
+  return parsed;
+}
 
 }  // namespace ember

@@ -12,8 +12,12 @@
 //
 // The bytes are exactly SerializeAsString()'s: any receiver parses them as
 // before. Which fields are aliased is protobuf's choice: a field is copied
-// when it fits in the block being filled (blocks are kBlockBytes), so fields
-// of kBlockBytes or more are always aliased and small ones never are.
+// when it fits in the block being filled (blocks are
+// kAliasedSerializeBlockBytes), so fields of that size or more are always
+// aliased and small ones never are.
+//
+// ParseAndClear is the receiving side's counterpart (it copies, as
+// protobuf's parser does).
 #pragma once
 
 #include <cstddef>
@@ -36,5 +40,9 @@ grpc::ByteBuffer SerializeAliased(std::shared_ptr<const google::protobuf::Messag
 // The same bytes with every field copied, for a message the caller keeps:
 // what gRPC's generated code does. The buffer does not refer to `message`.
 grpc::ByteBuffer SerializeCopied(const google::protobuf::Message& message);
+
+// Parses `buffer` into `message` (replacing its contents), then empties
+// `buffer`. False if the bytes are not a valid `message`.
+bool ParseAndClear(grpc::ByteBuffer* buffer, google::protobuf::Message* message);
 
 }  // namespace ember

@@ -1,7 +1,5 @@
 #include "server/embedding_service.h"
 
-#include <grpcpp/support/proto_buffer_reader.h>
-
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "common/aliased_serialize.h"
@@ -277,15 +275,10 @@ class EmbeddingCallbackService::StreamReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    {
-      grpc::ProtoBufferReader reader(&in_);
-      const bool parsed = request_.ParseFromZeroCopyStream(&reader);
-      in_.Clear();
-      if (!parsed) {
-        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "ExchangeStream: a message on the stream is not an ExchangeRequest"));
-        return;
-      }
+    if (!ParseAndClear(&in_, &request_)) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "ExchangeStream: a message on the stream is not an ExchangeRequest"));
+      return;
     }
     const absl::Time deadline = std::min(Deadline(context_), absl::Now() + timeout_);
     absl::StatusOr<Ticket> ticket =

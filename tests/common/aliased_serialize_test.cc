@@ -145,5 +145,20 @@ TEST(AliasedSerializeTest, AMessageWithNoLargeFieldIsNotKept) {
   EXPECT_GT(buffer.Length(), 64u);
 }
 
+TEST(AliasedSerializeTest, ParseAndClearReadsBackWhatWasSentAndRefusesOtherBytes) {
+  auto sent = Answer({64, 500000});
+  grpc::ByteBuffer buffer = SerializeAliased(sent);
+  v1::ExchangeResponse parsed;
+  ASSERT_TRUE(ParseAndClear(&buffer, &parsed));
+  EXPECT_EQ(parsed.SerializeAsString(), sent->SerializeAsString());
+  EXPECT_EQ(buffer.Length(), 0u);
+
+  const std::string junk = "\xff\xff\xff\xff";  // a tag with a truncated varint
+  grpc::Slice slice(junk);
+  grpc::ByteBuffer bad(&slice, 1);
+  EXPECT_FALSE(ParseAndClear(&bad, &parsed));
+  EXPECT_EQ(bad.Length(), 0u);
+}
+
 }  // namespace
 }  // namespace ember
