@@ -2,15 +2,21 @@
 // ember-server processes: many steps share one stream per shard, rows come
 // out bit-identical to unary exchanges, a failed exchange ends only its own
 // stream, a deadline is enforced per exchange, and closing the client closes
-// its streams. The shards' own counters (ember_exchange_streams_*) say how
+// its streams. Bytes on the stream that do not parse fail the exchange on
+// either side (a stand-in peer plays a shard that answers garbage). The
+// shards' own counters (ember_exchange_streams_*) say how
 // many streams were opened.
 #include <cstring>
+#include <future>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/exchange_stream.h"
+#include "common/aliased_serialize.h"
 #include "client/request_plan.h"
 #include "ember/client.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "gtest/gtest.h"
 #include "tests/server/http_get.h"
 #include "tests/server/requests.h"
@@ -34,6 +40,28 @@ double MetricValue(const ServerProcess& shard, const std::string& series) {
     if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
   }
   return -1;
+}
+
+// Bytes that are neither an ExchangeRequest nor an ExchangeResponse: field 1,
+// length-delimited, with a length that runs past the end.
+grpc::ByteBuffer NotAMessage() {
+  grpc::Slice slice(std::string("\x0a\x7f\x01", 3));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Sends `bytes` as one exchange on a new stream to `address` and returns how
+// the exchange ended (UNKNOWN if it had not ended after 20 s).
+grpc::Status SendRaw(const std::string& address, grpc::ByteBuffer bytes) {
+  std::promise<grpc::Status> ended;  // outlives the stream, whose end may set it
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::ExchangeResponse response;
+  ExchangeStream stream(&stub, absl::Seconds(10), "");
+  stream.Send(std::move(bytes), &response, [&](grpc::Status s) { ended.set_value(s); });
+  std::future<grpc::Status> f = ended.get_future();
+  if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    return grpc::Status(grpc::StatusCode::UNKNOWN, "the exchange did not end in 20 s");
+  }
+  return f.get();
 }
 
 class ExchangeStreamTest : public ::testing::Test {
@@ -143,6 +171,115 @@ TEST_F(ExchangeStreamTest, ANullHandedOverRequestIsRefusedNamingItsIndex) {
   const absl::Status s = client->Exchange(requests, &responses);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.message(), "request 1 is null")) << s;
+}
+
+// What gRPC's generated handler did with such a message (INTERNAL) would
+// blame the shard; the callback shard parses the stream itself and blames
+// the request.
+TEST_F(ExchangeStreamTest, ACallbackShardAnswersAStreamMessageThatIsNotARequestWithInvalidArgument) {
+  absl::StatusOr<Cluster> callback = StartCluster(1, {"--rpc_mode=callback"});
+  ASSERT_OK(callback);
+  const std::string address = (*callback)[0]->address();
+  const grpc::Status s = SendRaw(address, NotAMessage());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "is not an ExchangeRequest"))
+      << s.error_message();
+
+  // The shard serves on: a well-formed exchange on a new stream works.
+  ClientOptions o;
+  o.shards = {address};
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
+  ASSERT_OK(client);
+  ASSERT_OK((*client)->CreateTable(AdagradTable("s", kDim)));
+  std::vector<v1::ExchangeRequest> requests(1);
+  AddLookup(requests[0].mutable_lookup(), "s", {1, 2, 3});
+  std::vector<v1::ExchangeResponse> responses;
+  ASSERT_OK((*client)->Exchange(requests, &responses));
+  EXPECT_EQ(responses[0].lookup().tables(0).rows().size(), 3 * kDim * sizeof(float));
+}
+
+TEST_F(ExchangeStreamTest, ASyncShardFailsAStreamMessageThatIsNotARequestAndServesOn) {
+  const grpc::Status s = SendRaw(shards_[0]->address(), NotAMessage());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN) << s.error_message();  // it ended
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("s", kDim)));
+  std::vector<v1::ExchangeResponse> responses;
+  ASSERT_OK(client->Exchange(StepRequests("s", 0), &responses));
+}
+
+// A peer on the exchange method that answers every message with bytes that
+// are not an ExchangeResponse. Ember's shards cannot be made to do that.
+class GarbageAnsweringPeer final : public grpc::CallbackGenericService {
+ public:
+  GarbageAnsweringPeer() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~GarbageAnsweringPeer() override { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  bool started() const { return server_ != nullptr && port_ > 0; }
+
+ private:
+  class Reactor final : public grpc::ServerGenericBidiReactor {
+   public:
+    Reactor() { StartRead(&in_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      out_ = NotAMessage();
+      StartWrite(&out_);
+    }
+    void OnWriteDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::CANCELLED);
+        return;
+      }
+      StartRead(&in_);
+    }
+    void OnCancel() override {}
+    void OnDone() override { delete this; }
+
+   private:
+    grpc::ByteBuffer in_, out_;
+  };
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    return new Reactor;
+  }
+
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(ExchangeStreamPeerTest, AnAnswerThatIsNotAResponseFailsTheExchangeWithInternalAndEndsTheStream) {
+  GarbageAnsweringPeer peer;
+  ASSERT_TRUE(peer.started());
+  std::promise<grpc::Status> ended;
+  grpc::GenericStub stub(grpc::CreateChannel(peer.address(), grpc::InsecureChannelCredentials()));
+  v1::ExchangeRequest request;
+  AddLookup(request.mutable_lookup(), "t", {1});
+  v1::ExchangeResponse response;
+  ExchangeStream stream(&stub, absl::Seconds(10), "");
+  stream.Send(SerializeCopied(request), &response, [&](grpc::Status s) { ended.set_value(s); });
+  std::future<grpc::Status> f = ended.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const grpc::Status s = f.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "is not an ExchangeResponse"))
+      << s.error_message();
+  // The stream is cancelled, so that the pool drops it instead of reusing it.
+  bool finished = false;
+  for (int i = 0; i < 200 && !finished; ++i) {
+    finished = stream.finished();
+    if (!finished) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(finished);
 }
 
 // The answer can arrive before gRPC reports the request written; the next
