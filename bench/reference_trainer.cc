@@ -83,7 +83,11 @@ struct RunResult {
   uint64_t keys = 0, unique_keys = 0, bytes = 0, rpcs = 0;
   uint64_t merged_keys = 0;  // with a StepMerger: keys fetched after merging the pipelines'
   int64_t merged_steps = 0;  // and the node steps that fetched
-  double cpu_seconds = 0;        // of this trainer process, all threads, less drawing batches
+  // Of this trainer process, all threads, less drawing batches and the
+  // stand-in model's backward: the input pipeline and the model are not
+  // Ember's cost (on a GPU trainer neither runs on these cores).
+  double cpu_seconds = 0;
+  double model_cpu_seconds = 0;   // the stand-in backward's, left out of cpu_seconds
   double shard_cpu_seconds = -1;  // of every shard process; -1: unknown
   absl::Status status;
 
@@ -218,6 +222,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
       std::vector<absl::Span<const float>> spans(specs.size());
       absl::Status status;
       int64_t next = 0, t = 0;
+      double model_cpu = 0;  // the stand-in backward's, this thread
       const auto start = Clock::now();
       for (; t < stop_step.load(); ++t) {
         if (std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds) {
@@ -240,11 +245,13 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
           break;
         }
         Compute(c.compute_ms, c.busy);
+        const double model_cpu_start = ThreadCpuSeconds();
         for (size_t f = 0; f < specs.size(); ++f) {  // a stand-in backward pass
           grads[f].resize(view->pooled[f].size());
           for (size_t i = 0; i < grads[f].size(); ++i) grads[f][i] = 0.01f * view->pooled[f][i];
           spans[f] = grads[f];
         }
+        model_cpu += ThreadCpuSeconds() - model_cpu_start;
         status = pipe.Push(t, spans);
         if (!status.ok()) break;
       }
@@ -254,6 +261,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
       std::lock_guard<std::mutex> lock(mu);
       if (!status.ok() && r.status.ok()) r.status = status;
       r.steps += t;
+      r.model_cpu_seconds += model_cpu;
       seconds_sum += elapsed;
       r.wait_ms.insert(r.wait_ms.end(), waits.begin(), waits.end());
       r.keys += st.keys;
@@ -271,6 +279,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     r.merged_steps = ms.fetch_rounds;
   }
   for (const auto& source : sources) r.cpu_seconds -= source->DrawCpuSeconds();
+  r.cpu_seconds -= r.model_cpu_seconds;
   const double shard_cpu_after = ShardCpuSeconds(client);
   if (shard_cpu_before >= 0 && shard_cpu_after >= 0) {
     r.shard_cpu_seconds = shard_cpu_after - shard_cpu_before;
@@ -383,6 +392,8 @@ int Run() {
                       "would fetch %.0f (%.2fx)\n",
                       merged, pipelines, separate, merged > 0 ? separate / merged : 0);
         }
+        std::printf("      stand-in model backward: %.3f ms CPU/step, left out of the trainer's CPU\n",
+                    r.CpuMsPerStep(r.model_cpu_seconds));
         std::fflush(stdout);
         rows.push_back({pipelines, ms, prefetch ? "prefetch on" : "prefetch off", std::move(r), base_ms});
       }
