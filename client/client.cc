@@ -104,8 +104,18 @@ class Client::Impl {
 
   template <typename Bytes>
   absl::Status Exchange(absl::Span<const v1::ExchangeRequest* const> requests, Bytes bytes,
+                        std::vector<ExchangeAnswer>* answers, std::vector<ShardCall>* calls);
+  // The same, the answers' rows copied into `responses`.
+  template <typename Bytes>
+  absl::Status Exchange(absl::Span<const v1::ExchangeRequest* const> requests, Bytes bytes,
                         std::vector<v1::ExchangeResponse>* responses,
-                        std::vector<ShardCall>* calls);
+                        std::vector<ShardCall>* calls) {
+    std::vector<ExchangeAnswer> answers;
+    absl::Status status = Exchange(requests, std::move(bytes), &answers, calls);
+    responses->resize(answers.size());
+    for (size_t i = 0; i < answers.size(); ++i) (*responses)[i] = answers[i].TakeMessage();
+    return status;
+  }
 
   // Sends requests[i] to every shard i with active[i], in parallel, each
   // attempt with its own deadline; retries UNAVAILABLE ones with backoff
@@ -370,7 +380,7 @@ absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
 // shard i's request for its exchange stream (once per attempt).
 template <typename Bytes>
 absl::Status Client::Impl::Exchange(absl::Span<const v1::ExchangeRequest* const> requests,
-                                    Bytes bytes, std::vector<v1::ExchangeResponse>* responses,
+                                    Bytes bytes, std::vector<ExchangeAnswer>* responses,
                                     std::vector<ShardCall>* calls) {
   const uint32_t shards = static_cast<uint32_t>(embedding.size());
   if (requests.size() != shards) {
@@ -385,8 +395,8 @@ absl::Status Client::Impl::Exchange(absl::Span<const v1::ExchangeRequest* const>
     return CallShards(
         "Exchange", requests, active, responses, options.rpc_timeout,
         [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* const* req,
-            v1::ExchangeResponse* resp, std::function<void(grpc::Status)> done) {
-          embedding[shard]->async()->Exchange(ctx, *req, resp, std::move(done));
+            ExchangeAnswer* resp, std::function<void(grpc::Status)> done) {
+          embedding[shard]->async()->Exchange(ctx, *req, resp->mutable_message(), std::move(done));
         },
         calls);
   }
@@ -396,10 +406,10 @@ absl::Status Client::Impl::Exchange(absl::Span<const v1::ExchangeRequest* const>
   absl::Status status = CallShards(
       "Exchange", requests, active, responses, options.rpc_timeout,
       [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* const* req,
-          v1::ExchangeResponse* resp,
+          ExchangeAnswer* resp,
           std::function<void(grpc::Status)> done) -> std::function<void()> {
         auto unary = [this, shard, ctx, req = *req, resp](std::function<void(grpc::Status)> done) {
-          embedding[shard]->async()->Exchange(ctx, req, resp, std::move(done));
+          embedding[shard]->async()->Exchange(ctx, req, resp->mutable_message(), std::move(done));
         };
         if (unary_only[shard].load()) {
           unary(std::move(done));
@@ -432,9 +442,11 @@ absl::Status Client::Exchange(absl::Span<const v1::ExchangeRequest> requests,
       views, [&](uint32_t shard) { return SerializeCopied(requests[shard]); }, responses, calls);
 }
 
-absl::Status Client::Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
-                              std::vector<v1::ExchangeResponse>* responses,
-                              std::vector<ShardCall>* calls) {
+// Both overloads taking requests handed over.
+template <typename Responses>
+absl::Status Client::ExchangeHandedOver(
+    std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests, Responses* responses,
+    std::vector<ShardCall>* calls) {
   std::vector<const v1::ExchangeRequest*> views(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     if (requests[i] == nullptr) {
@@ -444,6 +456,18 @@ absl::Status Client::Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequ
   }
   return impl_->Exchange(
       views, [&](uint32_t shard) { return SerializeAliased(requests[shard]); }, responses, calls);
+}
+
+absl::Status Client::Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
+                              std::vector<v1::ExchangeResponse>* responses,
+                              std::vector<ShardCall>* calls) {
+  return ExchangeHandedOver(std::move(requests), responses, calls);
+}
+
+absl::Status Client::Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
+                              std::vector<ExchangeAnswer>* answers,
+                              std::vector<ShardCall>* calls) {
+  return ExchangeHandedOver(std::move(requests), answers, calls);
 }
 
 absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {

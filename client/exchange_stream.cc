@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/aliased_serialize.h"
 #include "common/wire.h"
 
 namespace ember {
@@ -42,7 +41,7 @@ ExchangeStream::~ExchangeStream() {
   }
 }
 
-void ExchangeStream::Send(grpc::ByteBuffer request, v1::ExchangeResponse* response,
+void ExchangeStream::Send(grpc::ByteBuffer request, ExchangeAnswer* response,
                           std::function<void(grpc::Status)> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -90,7 +89,7 @@ void ExchangeStream::OnWriteDone(bool ok) {
 
 void ExchangeStream::OnReadDone(bool ok) {
   if (ok) {
-    const bool parsed = ParseAndClear(&answer_, response_);
+    const bool parsed = response_->Parse(&answer_);
     std::lock_guard<std::mutex> lock(mu_);
     answered_ = true;
     malformed_ = !parsed;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "ember/exchange_answer.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -43,9 +44,10 @@ class ExchangeStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, gr
   ~ExchangeStream() override;
 
   // Sends `request`, a serialised ExchangeRequest; `response` must stay
-  // valid until `done` has run. An answer that does not parse ends the
-  // exchange with INTERNAL and the stream with it.
-  void Send(grpc::ByteBuffer request, v1::ExchangeResponse* response,
+  // valid until `done` has run, and gets the answer with its rows left in
+  // gRPC's receive buffers (ExchangeAnswer::Parse). An answer that does not
+  // parse ends the exchange with INTERNAL and the stream with it.
+  void Send(grpc::ByteBuffer request, ExchangeAnswer* response,
             std::function<void(grpc::Status)> done);
   // Ends the exchange in flight (if any) with DEADLINE_EXCEEDED and the
   // stream with it; `done` still runs, soon.
@@ -68,7 +70,7 @@ class ExchangeStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, gr
   grpc::ClientContext context_;
   grpc::ByteBuffer request_;   // the exchange's request, until its write is done
   grpc::ByteBuffer answer_;    // the exchange's answer, parsed into *response_
-  v1::ExchangeResponse* response_ = nullptr;
+  ExchangeAnswer* response_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(grpc::Status)> done_;  // set while an exchange is in flight

@@ -103,8 +103,9 @@ void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32
 }
 
 EMBER_VECTOR_CLONES
-void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim, float* sums) {
-  for (size_t u = 0; u < to.size(); ++u) AddScaledRow(1.0f, rows + u * dim, sums + size_t{to[u]} * dim, dim);
+void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim,
+                    float* const* sums) {
+  for (size_t u = 0; u < to.size(); ++u) AddScaledRow(1.0f, rows + u * dim, sums[to[u]], dim);
 }
 
 }  // namespace ember

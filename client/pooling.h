@@ -37,10 +37,12 @@ void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32
                       absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
                       uint32_t dim, float* d_rows, uint32_t* written);
 
-// sums[to[u], :] += rows[u, :] for u in order: one rank's gradients into a
-// node's sums (StepMerger). `rows` holds to.size() x dim floats and must not
-// overlap `sums`.
-void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim, float* sums);
+// sums[to[u]][0, dim) += rows[u, :] for u in order: one rank's gradients
+// into a node's sums (StepMerger), which may lie anywhere (the merger's lie
+// in the push requests themselves). `rows` holds to.size() x dim floats and
+// must not overlap any sum row.
+void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim,
+                    float* const* sums);
 
 // The factor example [begin, end) is scaled by: 1, 1 / sum w, or
 // 1 / sqrt(sum w^2); 0 when that sum is 0.

@@ -56,8 +56,8 @@ uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
   return bytes;
 }
 
-uint64_t RequestPlan::FillPush(uint32_t shard, const std::vector<const float*>& grads,
-                               v1::PushRequest* request) const {
+template <typename RowFn>
+uint64_t RequestPlan::AddPush(uint32_t shard, v1::PushRequest* request, RowFn row) const {
   uint64_t bytes = 0;
   for (size_t tb = 0; tb < members_[shard].size(); ++tb) {
     const std::vector<uint32_t>& m = members_[shard][tb];
@@ -73,41 +73,106 @@ uint64_t RequestPlan::FillPush(uint32_t shard, const std::vector<const float*>& 
     ResizeUninitialized(g, m.size() * dim * 4);
     for (size_t j = 0; j < m.size(); ++j) {
       memcpy(k->data() + j * 8, &keys[m[j]], 8);
-      memcpy(g->data() + j * dim * 4, grads[tb] + m[j] * dim, dim * 4);
+      row(tb, m[j], g->data() + j * dim * 4);
     }
     bytes += k->size() + g->size();
   }
   return bytes;
 }
 
-template <typename RowFn>
-absl::Status RequestPlan::ForEachRow(uint32_t shard, const v1::LookupResponse& response,
-                                     uint64_t* received, RowFn row) const {
+uint64_t RequestPlan::FillPush(uint32_t shard, const std::vector<const float*>& grads,
+                               v1::PushRequest* request) const {
+  return AddPush(shard, request, [&](size_t tb, uint32_t k, char* row) {
+    const size_t dim = (*dims_)[tb];
+    memcpy(row, grads[tb] + k * dim, dim * 4);
+  });
+}
+
+uint64_t RequestPlan::FillPushInPlace(uint32_t shard, v1::PushRequest* request,
+                                      std::vector<std::vector<float*>>* at) const {
+  return AddPush(shard, request, [&](size_t tb, uint32_t k, char* row) {
+    memset(row, 0, size_t{(*dims_)[tb]} * 4);
+    // The field is a heap buffer (or, when short, inside the message), at
+    // least 4-aligned; its rows are floats from here on.
+    (*at)[tb][k] = reinterpret_cast<float*>(row);
+  });
+}
+
+namespace {
+
+// The rows of a LookupResponse, in its fields.
+struct FieldRows {
+  const v1::LookupResponse& r;
+  int tables_size() const { return r.tables_size(); }
+  size_t rows_size(int i) const { return r.tables(i).rows().size(); }
+  template <typename Fn>
+  void ForEachRow(int i, size_t row_bytes, Fn fn) const {
+    const std::string& rows = r.tables(i).rows();
+    for (size_t j = 0; j < rows.size() / row_bytes; ++j) fn(j, rows.data() + j * row_bytes);
+  }
+};
+
+// The rows of an exchange's lookup, wherever the answer holds them.
+struct AnswerRows {
+  const ExchangeAnswer& a;
+  int tables_size() const { return a.message().lookup().tables_size(); }
+  size_t rows_size(int i) const { return a.rows_size(i); }
+  template <typename Fn>
+  void ForEachRow(int i, size_t row_bytes, Fn fn) const {
+    a.ForEachRow(i, row_bytes, fn);
+  }
+};
+
+// A ForEachRow callback that copies each row to its key's place in `rows`.
+auto CopyRowTo(const std::vector<float*>& rows, const std::vector<uint32_t>& dims) {
+  return [&rows, &dims](size_t tb, uint32_t k, const char* row) {
+    memcpy(rows[tb] + size_t{k} * dims[tb], row, dims[tb] * sizeof(float));
+  };
+}
+
+}  // namespace
+
+template <typename Rows, typename RowFn>
+absl::Status RequestPlan::ForEachRow(uint32_t shard, const Rows& rows, uint64_t* received,
+                                     RowFn row) const {
   int entry = 0;
   for (size_t tb = 0; tb < members_[shard].size(); ++tb) {
     const std::vector<uint32_t>& m = members_[shard][tb];
     if (m.empty()) continue;
     const size_t row_bytes = size_t{(*dims_)[tb]} * 4;
     const size_t expected = m.size() * row_bytes;
-    if (entry >= response.tables_size() || response.tables(entry).rows().size() != expected) {
-      return absl::InternalError(absl::StrCat(
-          client_->ShardName(shard), " table '", (*tables_)[tb], "' field 'rows': expected ",
-          expected, " bytes, received ",
-          entry < response.tables_size() ? response.tables(entry).rows().size() : 0));
+    const size_t got = entry < rows.tables_size() ? rows.rows_size(entry) : 0;
+    if (entry >= rows.tables_size() || got != expected) {
+      return absl::InternalError(absl::StrCat(client_->ShardName(shard), " table '",
+                                              (*tables_)[tb], "' field 'rows': expected ",
+                                              expected, " bytes, received ", got));
     }
-    const std::string& r = response.tables(entry++).rows();
-    *received += r.size();
-    for (size_t j = 0; j < m.size(); ++j) row(tb, m[j], r.data() + j * row_bytes);
+    *received += got;
+    if (row_bytes == 0) {  // no rows to read (a zero dim)
+      ++entry;
+      continue;
+    }
+    rows.ForEachRow(entry++, row_bytes,
+                    [&](size_t j, const char* address) { row(tb, m[j], address); });
   }
   return absl::OkStatus();
 }
 
 absl::Status RequestPlan::ScatterRows(uint32_t shard, const v1::LookupResponse& response,
                                       const std::vector<float*>& rows, uint64_t* received) const {
-  return ForEachRow(shard, response, received, [&](size_t tb, uint32_t k, const char* row) {
-    const size_t dim = (*dims_)[tb];
-    memcpy(rows[tb] + k * dim, row, dim * sizeof(float));
-  });
+  return ForEachRow(shard, FieldRows{response}, received, CopyRowTo(rows, *dims_));
+}
+
+absl::Status RequestPlan::ScatterRows(uint32_t shard, const ExchangeAnswer& response,
+                                      const std::vector<float*>& rows, uint64_t* received) const {
+  return ForEachRow(shard, AnswerRows{response}, received, CopyRowTo(rows, *dims_));
+}
+
+absl::Status RequestPlan::RowAddresses(uint32_t shard, const ExchangeAnswer& response,
+                                       std::vector<std::vector<const char*>>* at,
+                                       uint64_t* received) const {
+  return ForEachRow(shard, AnswerRows{response}, received,
+                    [&](size_t tb, uint32_t k, const char* row) { (*at)[tb][k] = row; });
 }
 
 std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(
@@ -120,13 +185,6 @@ std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(
     shared.push_back(std::move(owned));
   }
   return shared;
-}
-
-absl::Status RequestPlan::RowAddresses(uint32_t shard, const v1::LookupResponse& response,
-                                       std::vector<std::vector<const char*>>* at,
-                                       uint64_t* received) const {
-  return ForEachRow(shard, response, received,
-                    [&](size_t tb, uint32_t k, const char* row) { (*at)[tb][k] = row; });
 }
 
 }  // namespace ember

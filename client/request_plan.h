@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "ember/exchange_answer.h"
 #include "ember/v1/embedding_service.pb.h"
 
 namespace ember {
@@ -47,25 +48,40 @@ class RequestPlan {
   // their rows of `grads[tb]`. Returns the payload bytes written.
   uint64_t FillPush(uint32_t shard, const std::vector<const float*>& grads,
                     v1::PushRequest* request) const;
-  // Copies `response` (the answer to FillLookup's request for `shard`) into
-  // `rows[tb]`; INTERNAL naming the shard, table and field if its shape is
-  // not the one asked for. Adds the row bytes read to `*received`.
+  // FillPush with the gradients summed in place: the request's `gradients`
+  // fields are zeroed, and (*at)[tb][k], for each key k of table tb on
+  // `shard`, is set to the address of key k's row in them (dim[tb] floats),
+  // for the caller to add into before sending. The addresses stay valid
+  // while the request is not modified. (*at)[tb] must have keys[tb].size()
+  // entries. Returns the payload bytes.
+  uint64_t FillPushInPlace(uint32_t shard, v1::PushRequest* request,
+                           std::vector<std::vector<float*>>* at) const;
+  // Copies `response` (the answer to FillLookup's request for `shard`, or
+  // the lookup of an exchange's) into `rows[tb]`; INTERNAL naming the shard,
+  // table and field if its shape is not the one asked for. Adds the row
+  // bytes read to `*received`.
   absl::Status ScatterRows(uint32_t shard, const v1::LookupResponse& response,
+                           const std::vector<float*>& rows, uint64_t* received) const;
+  absl::Status ScatterRows(uint32_t shard, const ExchangeAnswer& response,
                            const std::vector<float*>& rows, uint64_t* received) const;
   // ScatterRows without the copy: sets at[tb][k], for each key k of table tb
   // on `shard`, to the address of its row (dim[tb] floats, possibly
-  // unaligned: read with memcpy) inside `response`, which must outlive the
-  // addresses. (*at)[tb] must have keys[tb].size() entries. Same errors as
-  // ScatterRows.
-  absl::Status RowAddresses(uint32_t shard, const v1::LookupResponse& response,
+  // unaligned: read with memcpy) inside `response`, valid while `response`
+  // lives unchanged. (*at)[tb] must have keys[tb].size() entries. Same
+  // errors as ScatterRows.
+  absl::Status RowAddresses(uint32_t shard, const ExchangeAnswer& response,
                             std::vector<std::vector<const char*>>* at, uint64_t* received) const;
 
  private:
-  // Checks `response`'s shape as ScatterRows does, then calls
-  // row(tb, k, address) for each of its rows.
+  // Adds shard's TableGradients with their keys and a gradients field of
+  // the right size, then calls row(tb, k, address) for each key's row in it.
   template <typename RowFn>
-  absl::Status ForEachRow(uint32_t shard, const v1::LookupResponse& response,
-                          uint64_t* received, RowFn row) const;
+  uint64_t AddPush(uint32_t shard, v1::PushRequest* request, RowFn row) const;
+  // Checks the shape of `rows` (a view of a lookup's answer: FieldRows or
+  // AnswerRows in the .cc) as ScatterRows does, then calls
+  // row(tb, k, address) for each of its rows.
+  template <typename Rows, typename RowFn>
+  absl::Status ForEachRow(uint32_t shard, const Rows& rows, uint64_t* received, RowFn row) const;
 
   const Client* client_ = nullptr;
   const std::vector<std::string>* tables_ = nullptr;

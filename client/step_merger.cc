@@ -162,23 +162,20 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
           absl::StrCat("StepMerger: push of step ", *first.push_step, " that was never fetched"));
     }
     MergedStep& m = *it->second;
-    // Sum each key's gradients over the ranks, in rank order.
-    sums_.resize(tables);
-    std::vector<const float*> grads(tables);
-    for (size_t tb = 0; tb < tables; ++tb) {
-      const size_t dim = dims_[tb];
-      sums_[tb].assign(m.keys[tb].size() * dim, 0.0f);
-      float* sums = sums_[tb].data();
-      for (int r = 0; r < ranks; ++r) {
-        ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], static_cast<uint32_t>(dim), sums);
-      }
-      grads[tb] = sums;
-    }
+    // Each key's gradients summed over the ranks, in rank order, straight
+    // into the push requests.
+    sum_at_.resize(tables);
+    for (size_t tb = 0; tb < tables; ++tb) sum_at_[tb].resize(m.keys[tb].size());
     for (uint32_t sh = 0; sh < shards; ++sh) {
       v1::PushRequest* p = requests[sh].mutable_push();
       p->set_worker_id(options_.worker_id);
       p->set_step(*first.push_step);
-      sent += m.plan.FillPush(sh, grads, p);
+      sent += m.plan.FillPushInPlace(sh, p, &sum_at_);
+    }
+    for (size_t tb = 0; tb < tables; ++tb) {
+      for (int r = 0; r < ranks; ++r) {
+        ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], dims_[tb], sum_at_[tb].data());
+      }
     }
   }
 
@@ -220,7 +217,7 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   if (first.push_step) steps_.erase(*first.push_step);
   if (!first.push_step && !first.fetch_step) return absl::OkStatus();
 
-  std::vector<v1::ExchangeResponse> responses;
+  std::vector<ExchangeAnswer> responses;
   EMBER_RETURN_IF_ERROR(client_->Exchange(HandOver(&requests), &responses));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -229,13 +226,13 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   uint64_t received = 0;
   if (fetch != nullptr) {
     // Each rank's rows, in its own key order, copied once: straight from
-    // the responses.
+    // the responses, which hold them where they arrived.
     row_at_.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(fetch->keys[tb].size());
     for (uint32_t sh = 0; sh < shards; ++sh) {
       if (!fetch->plan.HasKeys(sh)) continue;
       EMBER_RETURN_IF_ERROR(
-          fetch->plan.RowAddresses(sh, responses[sh].lookup(), &row_at_, &received));
+          fetch->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
     }
     for (int r = 0; r < ranks; ++r) {
       for (size_t tb = 0; tb < tables; ++tb) {

@@ -369,7 +369,7 @@ class StepPipeline::Impl {
   }
 
   // Scatters the shards' rows to unique rows and pools them per feature.
-  absl::Status FinishLookup(Step& s, const std::vector<v1::ExchangeResponse>& responses) {
+  absl::Status FinishLookup(Step& s, const std::vector<ExchangeAnswer>& responses) {
     const size_t tables = tables_.size();
     EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, sink_->Rows(s));
     // With a node exchange the shards answer for the owned keys, which go
@@ -385,7 +385,7 @@ class StepPipeline::Impl {
     uint64_t received = 0;
     for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
       if (!s.plan.HasKeys(sh)) continue;
-      EMBER_RETURN_IF_ERROR(s.plan.ScatterRows(sh, responses[sh].lookup(), into, &received));
+      EMBER_RETURN_IF_ERROR(s.plan.ScatterRows(sh, responses[sh], into, &received));
     }
     if (node_) {
       const uint64_t before = node_->bytes_sent() + node_->bytes_received();
@@ -462,7 +462,7 @@ class StepPipeline::Impl {
       CountBytes(*fetch, sent, 0, 0);
       CountFetch(*fetch, unique_keys, push);
     }
-    std::vector<v1::ExchangeResponse> responses;
+    std::vector<ExchangeAnswer> responses;
     std::vector<ShardCall> calls;
     const absl::Time start = absl::Now();
     absl::Status status =

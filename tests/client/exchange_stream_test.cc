@@ -54,7 +54,7 @@ grpc::ByteBuffer NotAMessage() {
 grpc::Status SendRaw(const std::string& address, grpc::ByteBuffer bytes) {
   std::promise<grpc::Status> ended;  // outlives the stream, whose end may set it
   grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::ExchangeResponse response;
+  ExchangeAnswer response;
   ExchangeStream stream(&stub, absl::Seconds(10), "");
   stream.Send(std::move(bytes), &response, [&](grpc::Status s) { ended.set_value(s); });
   std::future<grpc::Status> f = ended.get_future();
@@ -162,6 +162,36 @@ TEST_F(ExchangeStreamTest, HandedOverRequestsTrainExactlyLikeCopiedOnes) {
   }
 }
 
+// Answers whose rows stay in gRPC's receive buffers (ExchangeAnswer) hold
+// the same rows as copied responses; at dim 256 a shard's rows (64 KiB) span
+// several of gRPC's slices, so rows are read across slice boundaries too.
+TEST_F(ExchangeStreamTest, AnswersReadInPlaceHoldTheSameRowsAsCopiedResponses) {
+  constexpr uint32_t kWide = 256;
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("w", kWide)));
+  for (int t = 0; t < 3; ++t) {
+    std::vector<v1::ExchangeRequest> requests(kShards);
+    for (uint32_t s = 0; s < kShards; ++s) {
+      AddLookup(requests[s].mutable_lookup(), "w", OwnedKeys(s, kShards, 64, 1 + t));
+    }
+    std::vector<v1::ExchangeResponse> copied;
+    ASSERT_OK(client->Exchange(requests, &copied));
+    std::vector<ExchangeAnswer> answers;
+    ASSERT_OK(client->Exchange(HandOver(&requests), &answers));
+    ASSERT_EQ(answers.size(), kShards);
+    for (uint32_t s = 0; s < kShards; ++s) {
+      ASSERT_EQ(answers[s].message().lookup().tables_size(), 1);
+      EXPECT_TRUE(answers[s].message().lookup().tables(0).rows().empty());  // in place
+      const size_t row_bytes = kWide * sizeof(float);
+      std::string rows;
+      answers[s].ForEachRow(0, row_bytes, [&](size_t, const char* row) { rows.append(row, row_bytes); });
+      EXPECT_EQ(rows.size(), 64 * row_bytes);
+      EXPECT_EQ(rows, copied[s].lookup().tables(0).rows()) << "step " << t << " shard " << s;
+    }
+  }
+}
+
 TEST_F(ExchangeStreamTest, ANullHandedOverRequestIsRefusedNamingItsIndex) {
   std::unique_ptr<Client> client = Connect(true);
   ASSERT_NE(client, nullptr);
@@ -264,7 +294,7 @@ TEST(ExchangeStreamPeerTest, AnAnswerThatIsNotAResponseFailsTheExchangeWithInter
   grpc::GenericStub stub(grpc::CreateChannel(peer.address(), grpc::InsecureChannelCredentials()));
   v1::ExchangeRequest request;
   AddLookup(request.mutable_lookup(), "t", {1});
-  v1::ExchangeResponse response;
+  ExchangeAnswer response;
   ExchangeStream stream(&stub, absl::Seconds(10), "");
   stream.Send(SerializeCopied(request), &response, [&](grpc::Status s) { ended.set_value(s); });
   std::future<grpc::Status> f = ended.get_future();

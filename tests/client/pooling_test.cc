@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <random>
 
 #include "client/dedup.h"
@@ -296,7 +297,7 @@ TEST_P(PoolingDimTest, BackwardIntoUnzeroedRowsEqualsBackwardIntoZeroedRows) {
 }
 
 // A node's gradient sums: each rank's rows added into the merged rows they
-// map to, in rank order, element by element.
+// map to, wherever those lie, in rank order, element by element.
 TEST_P(PoolingDimTest, ScatterAddRowsAddsEachRowIntoItsTargetBitForBit) {
   std::mt19937 rng(17);
   const uint32_t dim = GetParam();
@@ -305,6 +306,12 @@ TEST_P(PoolingDimTest, ScatterAddRowsAddsEachRowIntoItsTargetBitForBit) {
   for (size_t k = 0; k < sums.size(); ++k) {
     sums[k] = expected[k] = std::uniform_real_distribution<float>(-1, 1)(rng);
   }
+  // Merged row u lies at sums row `place[u]`: any address, not u * dim.
+  std::vector<uint32_t> place(merged);
+  std::iota(place.begin(), place.end(), 0u);
+  std::shuffle(place.begin(), place.end(), rng);
+  std::vector<float*> at(merged);
+  for (uint32_t u = 0; u < merged; ++u) at[u] = sums.data() + size_t{place[u]} * dim;
   for (int rank = 0; rank < 3; ++rank) {
     std::vector<uint32_t> to;
     for (uint32_t u = 0; u < merged; ++u) {
@@ -313,9 +320,9 @@ TEST_P(PoolingDimTest, ScatterAddRowsAddsEachRowIntoItsTargetBitForBit) {
     std::shuffle(to.begin(), to.end(), rng);
     std::vector<float> rows(to.size() * dim);
     for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-    ScatterAddRows(to, rows.data(), dim, sums.data());
+    ScatterAddRows(to, rows.data(), dim, at.data());
     for (size_t u = 0; u < to.size(); ++u) {
-      for (uint32_t d = 0; d < dim; ++d) expected[to[u] * dim + d] += rows[u * dim + d];
+      for (uint32_t d = 0; d < dim; ++d) expected[place[to[u]] * dim + d] += rows[u * dim + d];
     }
   }
   for (size_t k = 0; k < expected.size(); ++k) {

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "ember/v1/embedding_service.pb.h"
 #include "kernels/table_config.h"
 #include "kernels/table_config_proto.h"
 #include "tests/fuzz/checkpoint_input.h"
@@ -73,6 +74,29 @@ int main(int argc, char** argv) {
           CheckpointFuzzInput(kManifestProto, 0, manifest));
     Write(root / "checkpoint_fuzzer", "manifest_file" + std::to_string(t),
           CheckpointFuzzInput(kRawManifest, 0, FrameManifest(manifest)));
+  }
+  // Genuine exchange answers and requests, cut every 1 + i * 37 bytes.
+  for (int i = 0; i < 4; ++i) {
+    ember::v1::ExchangeResponse answer;
+    answer.mutable_push()->add_tables()->set_table("t");
+    ember::v1::ExchangeRequest request;
+    request.mutable_push()->set_step(i);
+    request.mutable_lookup()->add_tables()->set_table("t");
+    for (int t = 0; t <= i; ++t) {
+      ember::v1::TableRows* rows = answer.mutable_lookup()->add_tables();
+      rows->set_table("table" + std::to_string(t));
+      rows->set_dim(8);
+      rows->set_rows(RandomBytes(rng, 32 * (1 + 5 * t)));
+      ember::v1::TableGradients* g = request.mutable_push()->add_tables();
+      g->set_table("table" + std::to_string(t));
+      g->set_keys(RandomBytes(rng, 8 * (1 + 5 * t)));
+      g->set_gradients(RandomBytes(rng, 32 * (1 + 5 * t)));
+    }
+    const uint8_t cut = static_cast<uint8_t>(i * 37);
+    Write(root / "in_place_parse_fuzzer", "answer" + std::to_string(i),
+          std::string{static_cast<char>(cut << 1), '\0'} + answer.SerializeAsString());
+    Write(root / "in_place_parse_fuzzer", "request" + std::to_string(i),
+          std::string{static_cast<char>((cut << 1) | 1), '\0'} + request.SerializeAsString());
   }
   for (int i = 0; i < 8; ++i) {
     Write(root / "shard_fuzzer", "random" + std::to_string(i), RandomBytes(rng, 64u << (i % 6)));

@@ -14,7 +14,8 @@ cd "$(dirname "$0")/../.."
 SECONDS_PER_TARGET="${1:-60}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(shard_fuzzer checkpoint_fuzzer table_config_fuzzer wire_fuzzer)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(shard_fuzzer checkpoint_fuzzer table_config_fuzzer wire_fuzzer
+  in_place_parse_fuzzer)
 
 CC=clang CXX=clang++ EMBER_BUILD_DIR=build-fuzz EMBER_TARGETS="${TARGETS[*]} fuzz_corpus" \
   bash scripts/build.sh -DEMBER_FUZZ=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF \

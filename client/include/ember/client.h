@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/tls.h"
+#include "ember/exchange_answer.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
 
@@ -139,6 +140,13 @@ class Client {
   absl::Status Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
                         std::vector<v1::ExchangeResponse>* responses,
                         std::vector<ShardCall>* calls = nullptr);
+  // The same with each shard's answer as an ExchangeAnswer: on exchange
+  // streams the lookups' rows stay in gRPC's receive buffers, for a caller
+  // that reads each row once (ember/exchange_answer.h); the overloads above
+  // copy them into the responses' `rows` fields.
+  absl::Status Exchange(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
+                        std::vector<ExchangeAnswer>* answers,
+                        std::vector<ShardCall>* calls = nullptr);
   // On every shard.
   absl::Status RegisterWorker(uint32_t worker_id, int64_t first_step);
   absl::Status UnregisterWorker(uint32_t worker_id);
@@ -163,6 +171,9 @@ class Client {
  private:
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  template <typename Responses>
+  absl::Status ExchangeHandedOver(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
+                                  Responses* responses, std::vector<ShardCall>* calls);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -130,10 +130,10 @@ class StepMerger {
   std::map<int64_t, std::unique_ptr<MergedStep>> steps_;
   // Leader-only scratch, reused by every round so that a round allocates
   // nothing once warm: the deduplicator of the ranks' keys and, per table,
-  // the summed gradients of the merged keys and the address of each merged
-  // key's row in the shards' responses.
+  // the address of each merged key's gradient sum in the push requests and
+  // of its row in the shards' responses.
   std::unique_ptr<KeyDeduplicator> dedup_;
-  std::vector<std::vector<float>> sums_;
+  std::vector<std::vector<float*>> sum_at_;
   std::vector<std::vector<const char*>> row_at_;
 };
 

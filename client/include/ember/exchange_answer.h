@@ -1,0 +1,111 @@
+// ExchangeAnswer: one shard's ExchangeResponse, with the rows of its lookup
+// left where they arrived.
+//
+// Client::Exchange fills these for callers that read each row once, to
+// where it is used (the StepMerger, the pipelines): over an exchange stream
+// the rows stay in gRPC's receive buffers instead of being copied into the
+// response's `rows` strings first. Over a unary call they are in the
+// strings, and read the same way.
+//
+// Thread safety: none (one owner); movable, not copyable. The row addresses
+// ForEachRow hands out are valid while the answer lives unchanged.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "ember/v1/embedding_service.pb.h"
+
+namespace grpc {
+class ByteBuffer;
+}  // namespace grpc
+
+namespace ember {
+
+class ExchangeAnswer {
+ public:
+  ExchangeAnswer() = default;
+  ExchangeAnswer(ExchangeAnswer&&) = default;
+  ExchangeAnswer& operator=(ExchangeAnswer&&) = default;
+
+  // Every field of the response, except that the `rows` of a lookup table
+  // left in place are empty here: read rows with rows_size and ForEachRow.
+  const v1::ExchangeResponse& message() const { return message_; }
+
+  // Bytes of the rows of lookup table i (0 <= i < message().lookup().tables_size()).
+  size_t rows_size(int i) const;
+
+  // Calls row(j, address) for each row j of lookup table i, in order, where
+  // a row is `row_bytes` bytes (> 0, dividing rows_size(i)) and `address`
+  // points at them, contiguous and possibly unaligned (read with memcpy).
+  // A row that straddles two receive buffers is copied once into the answer
+  // first; such a copy lasts until the next ForEachRow on the same table.
+  template <typename RowFn>
+  void ForEachRow(int i, size_t row_bytes, RowFn row) const;
+
+  // The response as protobuf would have parsed it: the rows copied into
+  // their fields. Leaves the answer empty.
+  v1::ExchangeResponse TakeMessage();
+
+  // For the library. Parse: reads a serialised ExchangeResponse, leaving the
+  // rows in `bytes`' slices (which the answer keeps) and emptying `bytes`;
+  // false if it is not one, and the answer is then empty. mutable_message:
+  // the message for a parser that stores the rows in their fields (a unary
+  // call); drops any rows held in place.
+  bool Parse(grpc::ByteBuffer* bytes);
+  v1::ExchangeResponse* mutable_message();
+  // Empties the answer.
+  void Clear() { mutable_message()->Clear(); }
+
+ private:
+  // The pieces of table i's rows held in place; null when they are in the
+  // message's field.
+  const std::vector<absl::string_view>* InPlace(int i) const;
+
+  v1::ExchangeResponse message_;
+  // Per lookup table: its rows' pieces, when held in place.
+  std::vector<std::vector<absl::string_view>> pieces_;
+  std::vector<bool> in_place_;
+  std::shared_ptr<const void> slices_;  // the receive buffers the pieces point into
+  mutable std::vector<std::string> straddled_;  // per table: rows copied out of two pieces
+};
+
+template <typename RowFn>
+void ExchangeAnswer::ForEachRow(int i, size_t row_bytes, RowFn row) const {
+  const std::vector<absl::string_view>* pieces = InPlace(i);
+  if (pieces == nullptr) {
+    const std::string& field = message_.lookup().tables(i).rows();
+    for (size_t j = 0, n = field.size() / row_bytes; j < n; ++j) row(j, field.data() + j * row_bytes);
+    return;
+  }
+  std::string& copies = straddled_[i];
+  copies.clear();
+  // At most one straddling row per piece boundary: room for all of them up
+  // front, so that no earlier address moves.
+  copies.reserve(pieces->size() * row_bytes);
+  size_t j = 0;
+  size_t partial = 0;  // bytes of row j gathered into `copies` so far
+  for (absl::string_view p : *pieces) {
+    size_t at = 0;
+    if (partial > 0) {  // finish the row that began in the previous piece
+      const size_t take = std::min(row_bytes - partial, p.size());
+      copies.append(p.data(), take);
+      partial += take;
+      at = take;
+      if (partial < row_bytes) continue;
+      row(j++, copies.data() + copies.size() - row_bytes);
+      partial = 0;
+    }
+    for (; at + row_bytes <= p.size(); at += row_bytes) row(j++, p.data() + at);
+    if (at < p.size()) {
+      copies.append(p.data() + at, p.size() - at);
+      partial = p.size() - at;
+    }
+  }
+}
+
+}  // namespace ember
