@@ -11,15 +11,57 @@ const float* WeightsOrNull(absl::Span<const float> weights) {
   return weights.empty() ? nullptr : weights.data();
 }
 
+// Element d of a row of floats, or of a row given as bytes at any alignment
+// (a row in gRPC's receive buffer).
+inline float Element(const float* x, uint32_t d) { return x[d]; }
+inline float Element(const char* x, uint32_t d) {
+  float v;
+  memcpy(&v, x + size_t{d} * sizeof(float), sizeof(float));
+  return v;
+}
+
 // y += a * x over one row; inlined into each clone of the passes below.
-inline void AddScaledRow(float a, const float* __restrict x, float* __restrict y, uint32_t n) {
-  for (uint32_t d = 0; d < n; ++d) y[d] += a * x[d];
+template <typename T>
+inline void AddScaledRow(float a, const T* __restrict x, float* __restrict y, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) y[d] += a * Element(x, d);
 }
 
 // y = 0 + a * x: AddScaledRow into a zeroed row, in one pass. The add of
 // 0.0f stays (it turns -0 into +0), so the bits are the zeroed form's.
-inline void SetScaledRow(float a, const float* __restrict x, float* __restrict y, uint32_t n) {
-  for (uint32_t d = 0; d < n; ++d) y[d] = 0.0f + a * x[d];
+template <typename T>
+inline void SetScaledRow(float a, const T* __restrict x, float* __restrict y, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) y[d] = 0.0f + a * Element(x, d);
+}
+
+// PoolForward's loop over rows found by row_at(u), the address of unique
+// row u (const float* or const char*).
+template <typename RowAt>
+inline void PoolForwardRows(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                            const float* w, Combiner combiner, RowAt row_at, uint32_t dim,
+                            float* pooled) {
+  // Row at a time (one pass over each example's ids), adding the same terms
+  // in the same order as pool::PooledElement, the device's per-element form.
+  const size_t batch = offsets.size() - 1;
+  for (size_t i = 0; i < batch; ++i) {
+    float* out = pooled + i * dim;
+    if (offsets[i] == offsets[i + 1]) {
+      memset(out, 0, dim * sizeof(float));
+      continue;
+    }
+    for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
+      const float wj = w == nullptr ? 1.0f : w[j];
+      const auto* row = row_at(inverse[j]);
+      if (j == offsets[i]) {
+        SetScaledRow(wj, row, out, dim);
+      } else {
+        AddScaledRow(wj, row, out, dim);
+      }
+    }
+    const float scale = pool::CombinerScale(w, offsets[i], offsets[i + 1], combiner);
+    if (scale != 1.0f) {
+      for (uint32_t d = 0; d < dim; ++d) out[d] *= scale;
+    }
+  }
 }
 }  // namespace
 
@@ -32,30 +74,16 @@ EMBER_VECTOR_CLONES
 void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                  absl::Span<const float> weights, Combiner combiner, const float* rows,
                  uint32_t dim, float* pooled) {
-  // Row at a time (one pass over each example's ids), adding the same terms
-  // in the same order as pool::PooledElement, the device's per-element form.
-  const size_t batch = offsets.size() - 1;
-  const float* w = WeightsOrNull(weights);
-  for (size_t i = 0; i < batch; ++i) {
-    float* out = pooled + i * dim;
-    if (offsets[i] == offsets[i + 1]) {
-      memset(out, 0, dim * sizeof(float));
-      continue;
-    }
-    for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
-      const float wj = w == nullptr ? 1.0f : w[j];
-      const float* row = rows + size_t{inverse[j]} * dim;
-      if (j == offsets[i]) {
-        SetScaledRow(wj, row, out, dim);
-      } else {
-        AddScaledRow(wj, row, out, dim);
-      }
-    }
-    const float scale = pool::CombinerScale(w, offsets[i], offsets[i + 1], combiner);
-    if (scale != 1.0f) {
-      for (uint32_t d = 0; d < dim; ++d) out[d] *= scale;
-    }
-  }
+  PoolForwardRows(offsets, inverse, WeightsOrNull(weights), combiner,
+                  [rows, dim](uint32_t u) { return rows + size_t{u} * dim; }, dim, pooled);
+}
+
+EMBER_VECTOR_CLONES
+void PoolForwardAt(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                   absl::Span<const float> weights, Combiner combiner, const char* const* rows_at,
+                   uint32_t dim, float* pooled) {
+  PoolForwardRows(offsets, inverse, WeightsOrNull(weights), combiner,
+                  [rows_at](uint32_t u) { return rows_at[u]; }, dim, pooled);
 }
 
 namespace {

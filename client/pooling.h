@@ -19,6 +19,13 @@ void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> i
                  absl::Span<const float> weights, Combiner combiner, const float* rows,
                  uint32_t dim, float* pooled);
 
+// PoolForward with each unique row given by address: rows_at[inverse[j]]
+// points at id j's row, dim floats at any alignment (a row in gRPC's receive
+// buffer). The bits equal PoolForward's over the same rows.
+void PoolForwardAt(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
+                   absl::Span<const float> weights, Combiner combiner, const char* const* rows_at,
+                   uint32_t dim, float* pooled);
+
 // The gradient of PoolForward: for every id j of example i, adds
 // (w_j * scale_i) * d_pooled[i, :] to d_rows[inverse[j], :], visiting
 // examples and ids in order (so the sum over duplicates is deterministic).

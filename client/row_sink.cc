@@ -1,5 +1,7 @@
 #include "client/row_sink.h"
 
+#include <cstring>
+
 #include "client/pooling.h"
 #include "common/status_macros.h"
 
@@ -23,22 +25,21 @@ class HostRowSink final : public RowSink {
   }
 
   absl::Status Deliver(PipelineStep& s, const std::vector<float*>& rows) override {
-    const absl::Time start = absl::Now();
-    // Buffers of an earlier step, so that a step allocates and zero-fills
-    // nothing (PoolForward writes every element).
-    if (!spare_.empty()) {
-      s.pooled = std::move(spare_.back());
-      spare_.pop_back();
-    }
-    s.pooled.resize(shape_.feature_table.size());
-    for (size_t f = 0; f < shape_.feature_table.size(); ++f) {
+    Pool(s, [&](size_t f, int tb, float* pooled) {
       const FeatureBatch& fb = s.batch.features[f];
-      const int tb = shape_.feature_table[f];
-      s.pooled[f].resize((fb.offsets.size() - 1) * shape_.table_dim[tb]);
       PoolForward(fb.offsets, s.inverse[f], fb.weights, shape_.combiner[f], rows[tb],
-                  shape_.table_dim[tb], s.pooled[f].data());
-    }
-    telemetry_->Span(/*network=*/true, "Pool", start, s.step);
+                  shape_.table_dim[tb], pooled);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status DeliverAt(PipelineStep& s,
+                         const std::vector<std::vector<const char*>>& at) override {
+    Pool(s, [&](size_t f, int tb, float* pooled) {
+      const FeatureBatch& fb = s.batch.features[f];
+      PoolForwardAt(fb.offsets, s.inverse[f], fb.weights, shape_.combiner[f], at[tb].data(),
+                    shape_.table_dim[tb], pooled);
+    });
     return absl::OkStatus();
   }
 
@@ -75,6 +76,26 @@ class HostRowSink final : public RowSink {
   }
 
  private:
+  // Pools every feature f of s: pool(f, table, pooled) writes its
+  // [batch, dim] floats.
+  template <typename PoolFeature>
+  void Pool(PipelineStep& s, PoolFeature pool) {
+    const absl::Time start = absl::Now();
+    // Buffers of an earlier step, so that a step allocates and zero-fills
+    // nothing (pooling writes every element).
+    if (!spare_.empty()) {
+      s.pooled = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    s.pooled.resize(shape_.feature_table.size());
+    for (size_t f = 0; f < shape_.feature_table.size(); ++f) {
+      const int tb = shape_.feature_table[f];
+      s.pooled[f].resize((s.batch.features[f].offsets.size() - 1) * shape_.table_dim[tb]);
+      pool(f, tb, s.pooled[f].data());
+    }
+    telemetry_->Span(/*network=*/true, "Pool", start, s.step);
+  }
+
   static constexpr size_t kMaxSpare = 8;
   const RowSinkShape shape_;
   PipelineTelemetry* const telemetry_;
@@ -105,6 +126,17 @@ class DeviceRowSink final : public RowSink {
   }
 
   absl::Status Deliver(PipelineStep& s, const std::vector<float*>&) override {
+    return s.dev->Upload();
+  }
+
+  absl::Status DeliverAt(PipelineStep& s,
+                         const std::vector<std::vector<const char*>>& at) override {
+    EMBER_ASSIGN_OR_RETURN(const std::vector<float*> staged, Rows(s));
+    for (size_t tb = 0; tb < at.size(); ++tb) {
+      const size_t row_bytes = size_t{shape_.table_dim[tb]} * sizeof(float);
+      char* dst = reinterpret_cast<char*>(staged[tb]);
+      for (size_t u = 0; u < at[tb].size(); ++u) memcpy(dst + u * row_bytes, at[tb][u], row_bytes);
+    }
     return s.dev->Upload();
   }
 

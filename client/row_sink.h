@@ -32,6 +32,12 @@ class RowSink {
   virtual absl::StatusOr<std::vector<float*>> Rows(PipelineStep& s) = 0;
   // The rows are in place: pool them (host) or upload them (device).
   virtual absl::Status Deliver(PipelineStep& s, const std::vector<float*>& rows) = 0;
+  // Deliver for rows given by address instead of in Rows' memory (a
+  // StepMerger's, in the shards' answers): at[tb][u] points at unique row u
+  // of table tb, dim floats at any alignment, valid during the call. The
+  // host pools straight from them; the device stages them for its upload.
+  virtual absl::Status DeliverAt(PipelineStep& s,
+                                 const std::vector<std::vector<const char*>>& at) = 0;
   // Per table, step s's gradient per unique key (unique[t].size() x dim):
   // pooling's backward of s.d_pooled (host), or the copy PushFromDevice
   // started (device).

@@ -1,6 +1,5 @@
 #include "ember/step_merger.h"
 
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
@@ -217,7 +216,7 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   if (first.push_step) steps_.erase(*first.push_step);
   if (!first.push_step && !first.fetch_step) return absl::OkStatus();
 
-  std::vector<ExchangeAnswer> responses;
+  std::vector<ExchangeAnswer>& responses = answers_;
   EMBER_RETURN_IF_ERROR(client_->Exchange(HandOver(&requests), &responses));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -225,8 +224,8 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   }
   uint64_t received = 0;
   if (fetch != nullptr) {
-    // Each rank's rows, in its own key order, copied once: straight from
-    // the responses, which hold them where they arrived.
+    // Each rank's rows, in its own key order, by address: where they
+    // arrived in the answers. Not copied; each rank pools from there.
     row_at_.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(fetch->keys[tb].size());
     for (uint32_t sh = 0; sh < shards; ++sh) {
@@ -235,13 +234,12 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
           fetch->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
     }
     for (int r = 0; r < ranks; ++r) {
+      parts[r]->rows_at.resize(tables);
       for (size_t tb = 0; tb < tables; ++tb) {
-        const size_t row_bytes = size_t{dims_[tb]} * sizeof(float);
         const std::vector<uint32_t>& map = fetch->map[r][tb];
-        char* dst = reinterpret_cast<char*>(parts[r]->rows[tb]);
-        for (size_t u = 0; u < map.size(); ++u) {
-          memcpy(dst + u * row_bytes, row_at_[tb][map[u]], row_bytes);
-        }
+        std::vector<const char*>& at = parts[r]->rows_at[tb];
+        at.resize(map.size());
+        for (size_t u = 0; u < map.size(); ++u) at[u] = row_at_[tb][map[u]];
       }
     }
   }

@@ -368,32 +368,38 @@ class StepPipeline::Impl {
     return s.plan.keys();
   }
 
-  // Scatters the shards' rows to unique rows and pools them per feature.
+  // Hands the shards' rows to the sink, which pools them per feature.
   absl::Status FinishLookup(Step& s, const std::vector<ExchangeAnswer>& responses) {
     const size_t tables = tables_.size();
+    uint64_t received = 0;
+    if (!node_) {  // by address, from where they arrived
+      rows_at_.resize(tables);
+      for (size_t tb = 0; tb < tables; ++tb) rows_at_[tb].resize(s.unique[tb].size());
+      for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
+        if (!s.plan.HasKeys(sh)) continue;
+        EMBER_RETURN_IF_ERROR(s.plan.RowAddresses(sh, responses[sh], &rows_at_, &received));
+      }
+      CountBytes(s, 0, received, 0);
+      return sink_->DeliverAt(s, rows_at_);
+    }
     EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, sink_->Rows(s));
     // With a node exchange the shards answer for the owned keys, which go
     // to scratch first, and the ranks then trade rows.
     std::vector<float*> into = rows;
-    if (node_) {
-      fetched_scratch_.resize(tables);
-      for (size_t tb = 0; tb < tables; ++tb) {
-        fetched_scratch_[tb].resize(s.owned[tb].size() * table_dim_[tb]);
-        into[tb] = fetched_scratch_[tb].data();
-      }
+    fetched_scratch_.resize(tables);
+    for (size_t tb = 0; tb < tables; ++tb) {
+      fetched_scratch_[tb].resize(s.owned[tb].size() * table_dim_[tb]);
+      into[tb] = fetched_scratch_[tb].data();
     }
-    uint64_t received = 0;
     for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
       if (!s.plan.HasKeys(sh)) continue;
       EMBER_RETURN_IF_ERROR(s.plan.ScatterRows(sh, responses[sh], into, &received));
     }
-    if (node_) {
-      const uint64_t before = node_->bytes_sent() + node_->bytes_received();
-      std::vector<absl::Span<const float>> owned_rows(fetched_scratch_.begin(),
-                                                      fetched_scratch_.end());
-      EMBER_RETURN_IF_ERROR(node_->ShareRows(owned_rows, rows));
-      CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
-    }
+    const uint64_t before = node_->bytes_sent() + node_->bytes_received();
+    std::vector<absl::Span<const float>> owned_rows(fetched_scratch_.begin(),
+                                                    fetched_scratch_.end());
+    EMBER_RETURN_IF_ERROR(node_->ShareRows(owned_rows, rows));
+    CountBytes(s, 0, 0, node_->bytes_sent() + node_->bytes_received() - before);
     CountBytes(s, 0, received, 0);
     return sink_->Deliver(s, rows);
   }
@@ -485,7 +491,6 @@ class StepPipeline::Impl {
       Dedup(*fetch);
       part.fetch_step = fetch->step;
       part.keys = &fetch->unique;
-      EMBER_ASSIGN_OR_RETURN(part.rows, sink_->Rows(*fetch));
     }
     const absl::Time start = absl::Now();
     absl::Status status = options_.merger->Exchange(options_.merger_rank, &part);
@@ -499,7 +504,7 @@ class StepPipeline::Impl {
       for (const auto& u : fetch->unique) unique_keys += u.size();
       CountFetch(*fetch, unique_keys, push);
       CountBytes(*fetch, 0, part.bytes_received, 0);
-      if (status.ok()) status = sink_->Deliver(*fetch, part.rows);
+      if (status.ok()) status = sink_->DeliverAt(*fetch, part.rows_at);
     }
     return status;
   }
@@ -531,6 +536,7 @@ class StepPipeline::Impl {
   std::vector<std::string> feature_names_;
   KeyDeduplicator dedup_;                          // network thread only
   std::vector<std::vector<float>> fetched_scratch_;  // network thread only
+  std::vector<std::vector<const char*>> rows_at_;    // network thread only
   std::vector<std::vector<float>> owned_grads_scratch_;  // network thread only
   std::unique_ptr<NodeExchange> node_;             // used by the network thread only
   std::unique_ptr<RowSink> sink_;                  // used by the network thread only

@@ -36,11 +36,12 @@ if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
   unset EMBER_SERVER_BIN
 fi
 if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
-  echo "== AddressSanitizer + UBSan: store, shard, server, client and checkpoint tests"
+  echo "== AddressSanitizer + UBSan: common, store, shard, server, client and checkpoint tests"
   EMBER_BUILD_DIR=build-asan \
-    EMBER_TARGETS="store_test shard_test server_integration_test client_test client_integration_test exchange_stream_test checkpoint_integration_test" \
+    EMBER_TARGETS="common_test store_test shard_test server_integration_test client_test client_integration_test exchange_stream_test checkpoint_integration_test" \
     scripts/build.sh -DEMBER_ASAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+  build-asan/tests/common_test
   build-asan/tests/store_test
   build-asan/tests/shard_test
   build-asan/tests/server_integration_test

@@ -864,14 +864,11 @@ TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNaming
   ASSERT_OK((*merger)->Join(1, {"a"}, {kDim}));
   EXPECT_EQ((*merger)->Join(1, {"a"}, {kDim}).code(), absl::StatusCode::kFailedPrecondition);
   const std::vector<std::vector<uint64_t>> keys = {{1, 2, 3}};
-  std::vector<float> rows0(3 * kDim), rows1(3 * kDim);
   StepMerger::Part p0, p1;
   p0.fetch_step = 1;
   p0.keys = &keys;
-  p0.rows = {rows0.data()};
   p1.fetch_step = 2;  // rank 1 is a step ahead
   p1.keys = &keys;
-  p1.rows = {rows1.data()};
   absl::Status s1;
   std::thread t([&] { s1 = (*merger)->Exchange(1, &p1); });
   const absl::Status s0 = (*merger)->Exchange(0, &p0);

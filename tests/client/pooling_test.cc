@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -202,6 +203,51 @@ TEST_P(PoolingDimTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
                                               rows.data(), dim, i, d);
           ASSERT_EQ(FloatBits(host[i * dim + d]), FloatBits(e)) << i << " " << d;
         }
+      }
+    }
+  }
+}
+
+// Rows given by address (a StepMerger's rows, in gRPC's buffers): any
+// alignment, any order in memory; the same bits as from contiguous rows.
+TEST_P(PoolingDimTest, PoolingFromRowAddressesAtAnyAlignmentEqualsPoolingFromContiguousRows) {
+  std::mt19937 rng(21);
+  const uint32_t dim = GetParam();
+  const uint32_t unique = 30;
+  const size_t row_bytes = size_t{dim} * sizeof(float);
+  std::vector<float> rows(unique * dim);
+  for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  // The same rows in a byte buffer, shuffled, each at an odd offset.
+  std::vector<uint32_t> place(unique);
+  std::iota(place.begin(), place.end(), 0u);
+  std::shuffle(place.begin(), place.end(), rng);
+  std::vector<char> bytes(unique * (row_bytes + 3) + 1);
+  std::vector<const char*> at(unique);
+  for (uint32_t u = 0; u < unique; ++u) {
+    char* dst = bytes.data() + 1 + place[u] * (row_bytes + 3);
+    memcpy(dst, rows.data() + size_t{u} * dim, row_bytes);
+    at[u] = dst;
+  }
+  std::vector<int64_t> offsets = {0};
+  std::vector<uint32_t> inverse;
+  std::vector<float> weights;
+  for (int i = 0; i < 25; ++i) {
+    const int ids = static_cast<int>(rng() % 5);  // some examples empty
+    for (int k = 0; k < ids; ++k) {
+      inverse.push_back(rng() % unique);
+      weights.push_back(std::uniform_real_distribution<float>(0.1f, 2)(rng));
+    }
+    offsets.push_back(static_cast<int64_t>(inverse.size()));
+  }
+  for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtN}) {
+    for (bool weighted : {false, true}) {
+      absl::Span<const float> w = weighted ? absl::Span<const float>(weights)
+                                           : absl::Span<const float>();
+      std::vector<float> contiguous(25 * dim), addressed(25 * dim, 99.0f);
+      PoolForward(offsets, inverse, w, c, rows.data(), dim, contiguous.data());
+      PoolForwardAt(offsets, inverse, w, c, at.data(), dim, addressed.data());
+      for (size_t k = 0; k < contiguous.size(); ++k) {
+        ASSERT_EQ(FloatBits(addressed[k]), FloatBits(contiguous[k])) << k;
       }
     }
   }

@@ -84,15 +84,18 @@ class StepMerger {
 
   // One rank's share of a merged exchange. Pointers stay valid until
   // Exchange returns. Per table, `keys[tb]` are the rank's unique keys of
-  // the fetched step and `rows[tb]` receives keys[tb].size() x dim floats;
-  // `grads[tb]` holds one gradient row per unique key of the pushed step
-  // (the keys the rank fetched for that step, in the same order).
+  // the fetched step; `grads[tb]` holds one gradient row per unique key of
+  // the pushed step (the keys the rank fetched for that step, in the same
+  // order).
   struct Part {
     std::optional<int64_t> push_step;
     std::vector<const float*> grads;
     std::optional<int64_t> fetch_step;
     const std::vector<std::vector<uint64_t>>* keys = nullptr;
-    std::vector<float*> rows;
+    // Out: rows_at[tb][k] is the address of key k's row (dim floats, any
+    // alignment: read as bytes) in the shards' answers, which the merger
+    // keeps until this rank's next Exchange.
+    std::vector<std::vector<const char*>> rows_at;
     // Out: payload bytes of the merged requests and responses, shared
     // evenly over the ranks.
     uint64_t bytes_sent = 0;
@@ -135,6 +138,10 @@ class StepMerger {
   std::unique_ptr<KeyDeduplicator> dedup_;
   std::vector<std::vector<float*>> sum_at_;
   std::vector<std::vector<const char*>> row_at_;
+  // The last round's answers, which the ranks' rows_at point into: kept
+  // until the next round, which starts only once every rank is done with
+  // them (it has called Exchange again).
+  std::vector<ExchangeAnswer> answers_;
 };
 
 }  // namespace ember
