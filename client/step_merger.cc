@@ -1,5 +1,7 @@
 #include "ember/step_merger.h"
 
+#include <cstring>
+
 
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
@@ -233,13 +235,25 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
       EMBER_RETURN_IF_ERROR(
           fetch->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
     }
+    rank_rows_.resize(ranks);
     for (int r = 0; r < ranks; ++r) {
       parts[r]->rows_at.resize(tables);
+      rank_rows_[r].resize(tables);
       for (size_t tb = 0; tb < tables; ++tb) {
         const std::vector<uint32_t>& map = fetch->map[r][tb];
         std::vector<const char*>& at = parts[r]->rows_at[tb];
         at.resize(map.size());
-        for (size_t u = 0; u < map.size(); ++u) at[u] = row_at_[tb][map[u]];
+        const size_t row_bytes = size_t{dims_[tb]} * sizeof(float);
+        if (row_bytes >= options_.copy_rows_below_bytes) {
+          for (size_t u = 0; u < map.size(); ++u) at[u] = row_at_[tb][map[u]];
+          continue;
+        }
+        std::vector<char>& copy = rank_rows_[r][tb];
+        copy.resize(map.size() * row_bytes);
+        for (size_t u = 0; u < map.size(); ++u) {
+          memcpy(copy.data() + u * row_bytes, row_at_[tb][map[u]], row_bytes);
+          at[u] = copy.data() + u * row_bytes;
+        }
       }
     }
   }

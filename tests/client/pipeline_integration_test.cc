@@ -852,6 +852,36 @@ TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndT
   }
 }
 
+// The test above pools from rows copied per rank (dim 4 is below
+// copy_rows_below_bytes); here every row is pooled where it arrived in the
+// shards' answers, as wide rows are.
+TEST_F(PipelineIntegrationTest, StepMergerPoolingRowsInPlaceInTheAnswersTrainsLikeOneGpu) {
+  StartShards(2);
+  StepMergerOptions mo;
+  mo.ranks = kNodeRanks;
+  mo.worker_id = 50;
+  mo.staleness = 0;
+  mo.copy_rows_below_bytes = 0;
+  absl::StatusOr<std::unique_ptr<StepMerger>> merger = absl::UnknownError("not yet created");
+  NodeRun run;
+  TrainNodeBesideOneGpu(client_.get(), [&](uint32_t r) {
+    if (r == 0) {
+      merger = StepMerger::Create(client_.get(), mo);
+      EXPECT_OK(merger);
+    }
+    PipelineOptions o;
+    o.worker_id = r;
+    o.features = kFeatures;
+    o.staleness = 0;
+    o.merger = merger.ok() ? merger->get() : nullptr;
+    o.merger_rank = static_cast<int>(r);
+    return o;
+  }, &run);
+  if (HasFatalFailure()) return;
+  ExpectNodeTrainsLikeOneGpu(run);
+  EXPECT_EQ((*merger)->Stats().fetch_rounds, kNodeSteps);
+}
+
 TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNamingTheMissingRank) {
   StartShards(2);
   StepMergerOptions mo;
