@@ -228,7 +228,8 @@ TEST_F(ExchangeStreamTest, ACallbackShardAnswersAStreamMessageThatIsNotARequestW
   EXPECT_EQ(responses[0].lookup().tables(0).rows().size(), 3 * kDim * sizeof(float));
 }
 
-TEST_F(ExchangeStreamTest, ASyncShardFailsAStreamMessageThatIsNotARequestAndServesOn) {
+// The suite's shards: sync, or callback in the callback/ run of the suite.
+TEST_F(ExchangeStreamTest, AShardFailsAStreamMessageThatIsNotARequestAndServesOn) {
   const grpc::Status s = SendRaw(shards_[0]->address(), NotAMessage());
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.error_code(), grpc::StatusCode::UNKNOWN) << s.error_message();  // it ended
