@@ -227,7 +227,8 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   uint64_t received = 0;
   if (fetch != nullptr) {
     // Each rank's rows, in its own key order, by address: where they
-    // arrived in the answers. Not copied; each rank pools from there.
+    // arrived in the answers, or, below copy_rows_below_bytes, in a block
+    // of the rank's own. Each rank pools from there.
     row_at_.resize(tables);
     for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(fetch->keys[tb].size());
     for (uint32_t sh = 0; sh < shards; ++sh) {
