@@ -132,8 +132,15 @@ void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32
 
 EMBER_VECTOR_CLONES
 void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim,
-                    float* const* sums) {
-  for (size_t u = 0; u < to.size(); ++u) AddScaledRow(1.0f, rows + u * dim, sums[to[u]], dim);
+                    float* const* sums, uint8_t* fresh) {
+  for (size_t u = 0; u < to.size(); ++u) {
+    if (fresh != nullptr && fresh[to[u]]) {
+      fresh[to[u]] = 0;
+      SetScaledRow(1.0f, rows + u * dim, sums[to[u]], dim);
+    } else {
+      AddScaledRow(1.0f, rows + u * dim, sums[to[u]], dim);
+    }
+  }
 }
 
 }  // namespace ember

@@ -47,9 +47,11 @@ void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32
 // sums[to[u]][0, dim) += rows[u, :] for u in order: one rank's gradients
 // into a node's sums (StepMerger), which may lie anywhere (the merger's lie
 // in the push requests themselves). `rows` holds to.size() x dim floats and
-// must not overlap any sum row.
+// must not overlap any sum row. With `fresh` (one flag per sum row), a sum
+// row whose flag is set is written instead (0 + row: the bits of adding
+// into zeros) and its flag cleared, so that sums need not be zeroed first.
 void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim,
-                    float* const* sums);
+                    float* const* sums, uint8_t* fresh = nullptr);
 
 // The factor example [begin, end) is scaled by: 1, 1 / sum w, or
 // 1 / sqrt(sum w^2); 0 when that sum is 0.

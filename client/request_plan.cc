@@ -91,7 +91,6 @@ uint64_t RequestPlan::FillPush(uint32_t shard, const std::vector<const float*>& 
 uint64_t RequestPlan::FillPushInPlace(uint32_t shard, v1::PushRequest* request,
                                       std::vector<std::vector<float*>>* at) const {
   return AddPush(shard, request, [&](size_t tb, uint32_t k, char* row) {
-    memset(row, 0, size_t{(*dims_)[tb]} * 4);
     // The field is a heap buffer (or, when short, inside the message), at
     // least 4-aligned; its rows are floats from here on.
     (*at)[tb][k] = reinterpret_cast<float*>(row);

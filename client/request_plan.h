@@ -49,9 +49,9 @@ class RequestPlan {
   uint64_t FillPush(uint32_t shard, const std::vector<const float*>& grads,
                     v1::PushRequest* request) const;
   // FillPush with the gradients summed in place: the request's `gradients`
-  // fields are zeroed, and (*at)[tb][k], for each key k of table tb on
-  // `shard`, is set to the address of key k's row in them (dim[tb] floats),
-  // for the caller to add into before sending. The addresses stay valid
+  // fields are sized but not written, and (*at)[tb][k], for each key k of
+  // table tb on `shard`, is set to the address of key k's row in them
+  // (dim[tb] floats), for the caller to write before sending. The addresses stay valid
   // while the request is not modified. (*at)[tb] must have keys[tb].size()
   // entries. Returns the payload bytes.
   uint64_t FillPushInPlace(uint32_t shard, v1::PushRequest* request,

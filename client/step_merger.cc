@@ -173,9 +173,16 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
       p->set_step(*first.push_step);
       sent += m.plan.FillPushInPlace(sh, p, &sum_at_);
     }
+    // Every merged key is some rank's, so its first rank writes its row
+    // and the later ones add to it: nothing is zeroed first.
     for (size_t tb = 0; tb < tables; ++tb) {
+      fresh_.assign(m.keys[tb].size(), 1);
       for (int r = 0; r < ranks; ++r) {
-        ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], dims_[tb], sum_at_[tb].data());
+        ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], dims_[tb], sum_at_[tb].data(),
+                       fresh_.data());
+      }
+      for (size_t u = 0; u < fresh_.size(); ++u) {  // none, by construction
+        if (fresh_[u]) memset(sum_at_[tb][u], 0, size_t{dims_[tb]} * sizeof(float));
       }
     }
   }

@@ -136,7 +136,10 @@ bool ParseUntil(PieceReader& r, size_t end, absl::Span<const int> path,
         break;
       case 2: {
         uint64_t length;
-        if (!r.ReadLength(&length) || length > end - r.cursor().pos) return false;
+        // (The length itself may have run past `end`.)
+        if (!r.ReadLength(&length) || r.cursor().pos > end || length > end - r.cursor().pos) {
+          return false;
+        }
         if (number == static_cast<uint64_t>(path[0]) && next != nullptr) {
           if (leaf) {
             std::vector<absl::string_view> value;

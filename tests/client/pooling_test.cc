@@ -376,5 +376,37 @@ TEST_P(PoolingDimTest, ScatterAddRowsAddsEachRowIntoItsTargetBitForBit) {
   }
 }
 
+// The merger's sums are not zeroed: each row's first term is written, with
+// the bits of adding it into zeros (-0 comes out +0), whatever was there.
+TEST_P(PoolingDimTest, ScatterAddRowsIntoFreshRowsEqualsScatterIntoZeros) {
+  std::mt19937 rng(23);
+  const uint32_t dim = GetParam();
+  const uint32_t merged = 20;
+  std::vector<float> zeroed(merged * dim, 0.0f);
+  std::vector<float> garbage(merged * dim, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float*> at_zeroed(merged), at_garbage(merged);
+  for (uint32_t u = 0; u < merged; ++u) {
+    at_zeroed[u] = zeroed.data() + size_t{u} * dim;
+    at_garbage[u] = garbage.data() + size_t{u} * dim;
+  }
+  std::vector<uint8_t> fresh(merged, 1);
+  for (int rank = 0; rank < 3; ++rank) {
+    std::vector<uint32_t> to;
+    for (uint32_t u = 0; u < merged; ++u) {
+      if (rank == 2 || rng() % 2 == 0) to.push_back(u);  // the last rank has every key
+    }
+    std::shuffle(to.begin(), to.end(), rng);
+    std::vector<float> rows(to.size() * dim);
+    for (float& v : rows) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    rows[0] = -0.0f;
+    ScatterAddRows(to, rows.data(), dim, at_zeroed.data());
+    ScatterAddRows(to, rows.data(), dim, at_garbage.data(), fresh.data());
+  }
+  for (uint8_t f : fresh) EXPECT_EQ(f, 0);
+  for (size_t k = 0; k < zeroed.size(); ++k) {
+    ASSERT_EQ(FloatBits(garbage[k]), FloatBits(zeroed[k])) << k;
+  }
+}
+
 }  // namespace
 }  // namespace ember

@@ -143,6 +143,7 @@ class StepMerger {
   // of its row in the shards' responses.
   std::unique_ptr<KeyDeduplicator> dedup_;
   std::vector<std::vector<float*>> sum_at_;
+  std::vector<uint8_t> fresh_;  // per merged key of a table: no rank's row added yet
   std::vector<std::vector<const char*>> row_at_;
   // The last round's answers, which the ranks' rows_at point into: kept
   // until the next round, which starts only once every rank is done with
