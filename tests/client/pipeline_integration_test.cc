@@ -798,29 +798,36 @@ TEST_F(PipelineIntegrationTest, NodeExchangeWithStalenessOneTrainsEveryStep) {
 
 // ---- The step merger (PipelineOptions::merger).
 
-TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndTrainsLikeOneGpu) {
-  StartShards(2);
-  StepMergerOptions mo;
+// Trains the node's ranks through one StepMerger with options `mo` (ranks,
+// worker 50, staleness 0 set here) beside the single GPU; `*merger` is the
+// merger, created after the single GPU has trained (a registered worker that
+// never pushes would hold back that GPU's lookups).
+void TrainMergedBesideOneGpu(Client* client, StepMergerOptions mo,
+                             absl::StatusOr<std::unique_ptr<StepMerger>>* merger, NodeRun* run) {
   mo.ranks = kNodeRanks;
   mo.worker_id = 50;
   mo.staleness = 0;
-  // Created after the single GPU has trained: a registered worker that
-  // never pushes would hold back that GPU's lookups.
-  absl::StatusOr<std::unique_ptr<StepMerger>> merger = absl::UnknownError("not yet created");
-  NodeRun run;
-  TrainNodeBesideOneGpu(client_.get(), [&](uint32_t r) {
+  *merger = absl::UnknownError("not yet created");
+  TrainNodeBesideOneGpu(client, [&](uint32_t r) {
     if (r == 0) {
-      merger = StepMerger::Create(client_.get(), mo);
-      EXPECT_OK(merger);
+      *merger = StepMerger::Create(client, mo);
+      EXPECT_OK(*merger);
     }
     PipelineOptions o;
     o.worker_id = r;
     o.features = kFeatures;
     o.staleness = 0;
-    o.merger = merger.ok() ? merger->get() : nullptr;
+    o.merger = merger->ok() ? (*merger)->get() : nullptr;
     o.merger_rank = static_cast<int>(r);
     return o;
-  }, &run);
+  }, run);
+}
+
+TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndTrainsLikeOneGpu) {
+  StartShards(2);
+  absl::StatusOr<std::unique_ptr<StepMerger>> merger;
+  NodeRun run;
+  TrainMergedBesideOneGpu(client_.get(), StepMergerOptions(), &merger, &run);
   if (HasFatalFailure()) return;
   ExpectNodeTrainsLikeOneGpu(run);
   // The node fetched exactly the single GPU's keys: each key once per step.
@@ -858,25 +865,10 @@ TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndT
 TEST_F(PipelineIntegrationTest, StepMergerPoolingRowsInPlaceInTheAnswersTrainsLikeOneGpu) {
   StartShards(2);
   StepMergerOptions mo;
-  mo.ranks = kNodeRanks;
-  mo.worker_id = 50;
-  mo.staleness = 0;
   mo.copy_rows_below_bytes = 0;
-  absl::StatusOr<std::unique_ptr<StepMerger>> merger = absl::UnknownError("not yet created");
+  absl::StatusOr<std::unique_ptr<StepMerger>> merger;
   NodeRun run;
-  TrainNodeBesideOneGpu(client_.get(), [&](uint32_t r) {
-    if (r == 0) {
-      merger = StepMerger::Create(client_.get(), mo);
-      EXPECT_OK(merger);
-    }
-    PipelineOptions o;
-    o.worker_id = r;
-    o.features = kFeatures;
-    o.staleness = 0;
-    o.merger = merger.ok() ? merger->get() : nullptr;
-    o.merger_rank = static_cast<int>(r);
-    return o;
-  }, &run);
+  TrainMergedBesideOneGpu(client_.get(), mo, &merger, &run);
   if (HasFatalFailure()) return;
   ExpectNodeTrainsLikeOneGpu(run);
   EXPECT_EQ((*merger)->Stats().fetch_rounds, kNodeSteps);
