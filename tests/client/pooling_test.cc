@@ -167,9 +167,11 @@ TEST(BatchTest, MalformedBatchesAreRejectedNamingFeatureFieldAndSizes) {
 // The device kernels pool one element per thread with pool::PooledElement;
 // it must give the host's floats exactly (same terms, same order).
 // The host passes run a vectorised clone (common/vector_dispatch.h): dims
-// below, at and above the vector widths, with remainders.
+// below, at and above the vector widths, with remainders, and every width
+// that has a fixed-width form (8, 16, 32, 64, 128: client/pooling.cc).
 class PoolingDimTest : public ::testing::TestWithParam<uint32_t> {};
-INSTANTIATE_TEST_SUITE_P(Dims, PoolingDimTest, ::testing::Values(7u, 8u, 16u, 33u, 128u));
+INSTANTIATE_TEST_SUITE_P(Dims, PoolingDimTest,
+                         ::testing::Values(7u, 8u, 16u, 32u, 33u, 64u, 128u, 256u));
 
 TEST_P(PoolingDimTest, PerElementFormUsedOnTheDeviceMatchesTheHostBitForBit) {
   std::mt19937 rng(9);
