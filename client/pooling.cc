@@ -1,9 +1,9 @@
 #include "client/pooling.h"
 
 #include <cstring>
-#include <type_traits>
 
 #include "client/pooling_math.h"
+#include "common/fixed_width.h"
 #include "common/vector_dispatch.h"
 
 namespace ember {
@@ -21,35 +21,6 @@ inline float Element(const char* x, uint32_t d) {
   return v;
 }
 
-// A row width: a uint32_t, or a compile-time one (Dim<8>) for the widths
-// models use most. A loop over a runtime width is vectorised for long rows
-// but pays its set-up (trip-count checks, a vector epilogue) on every row,
-// which at dim 8 cost as much as the arithmetic; over a fixed width it is
-// straight-line vector code in every clone.
-template <uint32_t kDim>
-using Dim = std::integral_constant<uint32_t, kDim>;
-
-// Calls pass(dim) with dim as a Dim<> when it is one of the common widths.
-// The pass must be inlined (EMBER_ALWAYS_INLINE on the lambda): a lambda is
-// a function of its own, compiled for the baseline ISA, not for the clone
-// that calls it.
-#if defined(__GNUC__)
-#define EMBER_ALWAYS_INLINE __attribute__((always_inline))
-#else
-#define EMBER_ALWAYS_INLINE
-#endif
-template <typename Pass>
-EMBER_ALWAYS_INLINE inline void WithDim(uint32_t dim, Pass pass) {
-  switch (dim) {
-    case 8: return pass(Dim<8>{});
-    case 16: return pass(Dim<16>{});
-    case 32: return pass(Dim<32>{});
-    case 64: return pass(Dim<64>{});
-    case 128: return pass(Dim<128>{});
-    default: return pass(dim);
-  }
-}
-
 // Rows of a fixed width go through GCC's vector extension, 8 floats at a
 // time: each clone lowers a vector to its own ISA (one AVX2 or AVX-512
 // register, two SSE ones on the baseline). The operations are element-wise
@@ -64,7 +35,7 @@ struct Floats {
 };
 
 template <bool kSet, typename T, uint32_t kDim>
-inline void ScaledRow(float a, const T* __restrict x, float* __restrict y, Dim<kDim>) {
+inline void ScaledRow(float a, const T* __restrict x, float* __restrict y, Width<kDim>) {
   constexpr uint32_t kLanes = 8;
   static_assert(kDim % kLanes == 0);
   using V = typename Floats<kLanes>::Vector;
@@ -136,7 +107,7 @@ EMBER_VECTOR_CLONES
 void PoolForward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                  absl::Span<const float> weights, Combiner combiner, const float* rows,
                  uint32_t dim, float* pooled) {
-  WithDim(dim, [&](auto d) EMBER_ALWAYS_INLINE {
+  WithWidth(dim, [&](auto d) EMBER_ALWAYS_INLINE {
     PoolForwardRows(offsets, inverse, WeightsOrNull(weights), combiner,
                     [rows, d](uint32_t u) { return rows + size_t{u} * d; }, d, pooled);
   });
@@ -146,7 +117,7 @@ EMBER_VECTOR_CLONES
 void PoolForwardAt(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                    absl::Span<const float> weights, Combiner combiner, const char* const* rows_at,
                    uint32_t dim, float* pooled) {
-  WithDim(dim, [&](auto d) EMBER_ALWAYS_INLINE {
+  WithWidth(dim, [&](auto d) EMBER_ALWAYS_INLINE {
     PoolForwardRows(offsets, inverse, WeightsOrNull(weights), combiner,
                     [rows_at](uint32_t u) { return rows_at[u]; }, d, pooled);
   });
@@ -187,7 +158,7 @@ EMBER_VECTOR_CLONES
 void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                   absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
                   uint32_t dim, float* d_rows) {
-  WithDim(dim, [&](auto d) EMBER_ALWAYS_INLINE {
+  WithWidth(dim, [&](auto d) EMBER_ALWAYS_INLINE {
     PoolBackwardRows(offsets, inverse, WeightsOrNull(weights), combiner, d_pooled, d, d_rows,
                      nullptr);
   });
@@ -197,7 +168,7 @@ EMBER_VECTOR_CLONES
 void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                       absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
                       uint32_t dim, float* d_rows, uint32_t* written) {
-  WithDim(dim, [&](auto d) EMBER_ALWAYS_INLINE {
+  WithWidth(dim, [&](auto d) EMBER_ALWAYS_INLINE {
     PoolBackwardRows(offsets, inverse, WeightsOrNull(weights), combiner, d_pooled, d, d_rows,
                      written);
   });
@@ -206,7 +177,7 @@ void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32
 EMBER_VECTOR_CLONES
 void ScatterAddRows(absl::Span<const uint32_t> to, const float* rows, uint32_t dim,
                     float* const* sums, uint8_t* fresh) {
-  WithDim(dim, [&](auto d) EMBER_ALWAYS_INLINE {
+  WithWidth(dim, [&](auto d) EMBER_ALWAYS_INLINE {
     for (size_t u = 0; u < to.size(); ++u) {
       if (fresh != nullptr && fresh[to[u]]) {
         fresh[to[u]] = 0;
