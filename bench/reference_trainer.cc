@@ -51,6 +51,9 @@ ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: a
 ABSL_FLAG(bool, merge_pipelines, true,
           "The pipelines share a StepMerger: one request per shard per node step for all of them "
           "(false: each pipeline sends its own).");
+ABSL_FLAG(int, merger_copy_rows_below_bytes, -1,
+          "StepMergerOptions::copy_rows_below_bytes: rows narrower than this are copied per "
+          "pipeline before pooling, wider ones pooled where they arrived (-1: the default).");
 ABSL_FLAG(bool, exchange_streams, true,
           "Step exchanges travel on one long-lived ExchangeStream per shard (false: a unary "
           "Exchange call per step and shard).");
@@ -179,6 +182,9 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     mo.ranks = c.pipelines;
     mo.worker_id = worker_base + 99;  // the node's SSP worker
     mo.staleness = absl::GetFlag(FLAGS_staleness);
+    if (const int below = absl::GetFlag(FLAGS_merger_copy_rows_below_bytes); below >= 0) {
+      mo.copy_rows_below_bytes = static_cast<size_t>(below);
+    }
     absl::StatusOr<std::unique_ptr<StepMerger>> m = StepMerger::Create(client, mo);
     if (!m.ok()) {
       r.status = m.status();
