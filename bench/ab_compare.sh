@@ -2,7 +2,7 @@
 # Compares two builds on the reference trainer (4 pipelines, dim 8, 2 shards),
 # alternating them round by round, because on a shared 2-core machine only
 # side-by-side figures mean anything.
-#   bench/ab_compare.sh server  A/ember-server  B/ember-server   # shards' CPU ms per step
+#   bench/ab_compare.sh server  A/ember-server  B/ember-server [trainer flags...]  # shards' CPU ms per step
 #   bench/ab_compare.sh trainer A/ember-trainer B/ember-trainer  # steps/s, prefetch on
 #   bench/ab_compare.sh build   A_BUILD_DIR     B_BUILD_DIR [trainer flags...]
 #   bench/ab_compare.sh flags   "A FLAGS"       "B FLAGS"   [trainer flags...]
@@ -55,10 +55,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
     if [ "$MODE" = server ]; then
       EMBER_SERVER_BIN="$bin" start_shards 2 --worker_threads=4 "${SHARD_FLAGS[@]}" >/dev/null
       trainer="$BUILD/bench/ember-trainer"
-      "$trainer" --shards="$SHARD_ADDRESSES" --seconds=2 --compute_ms=1 --warmup_seconds=3 >/dev/null
+      "$trainer" --shards="$SHARD_ADDRESSES" --seconds=2 --compute_ms=1 --warmup_seconds=3 "$@" \
+        >/dev/null
       before=$(shard_ticks)
       rows=$("$trainer" --shards="$SHARD_ADDRESSES" --seconds=4 --compute_ms=1 \
-        --warmup_seconds=0 | grep -E '\| prefetch o(n|ff) \|')
+        --warmup_seconds=0 "$@" | grep -E '\| prefetch o(n|ff) \|')
       after=$(shard_ticks)
       steps=$(echo "$rows" | awk -F'|' '{s += $5 * 4} END {print s}')
       echo "round $round $bin: shards' CPU $(( (after - before) * 1000 / HZ )) ms" \

@@ -1,5 +1,10 @@
 #include "server/embedding_service.h"
 
+#include <memory>
+
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/support/method_handler.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "common/aliased_serialize.h"
@@ -69,6 +74,26 @@ absl::Duration StreamExchangeTimeout(const grpc::ServerContextBase* context) {
   return absl::Milliseconds(ms);
 }
 
+// A response of `pool` that nothing else holds (gRPC has sent its bytes),
+// cleared (its buffers keep their capacity), or a new one, added to the
+// pool while it has fewer than 4.
+std::shared_ptr<v1::ExchangeResponse> FreeResponse(
+    std::vector<std::shared_ptr<v1::ExchangeResponse>>* pool) {
+  for (std::shared_ptr<v1::ExchangeResponse>& r : *pool) {
+    // Only this pool can add owners, so 1 stays 1.
+    if (r.use_count() == 1) {
+      r->Clear();
+      return r;
+    }
+  }
+  auto r = std::make_shared<v1::ExchangeResponse>();
+  if (pool->size() < 4) pool->push_back(r);
+  return r;
+}
+
+constexpr char kNotAnExchangeRequest[] =
+    "ExchangeStream: a message on the stream is not an ExchangeRequest";
+
 // Counts a stream in the metrics for its life.
 class OpenStream {
  public:
@@ -132,25 +157,54 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
                   [&] { return shard_->Exchange(*request, response, Deadline(context)); });
 }
 
-grpc::Status EmbeddingServiceImpl::ExchangeStream(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::ExchangeResponse, v1::ExchangeRequest>* stream) {
+EmbeddingServiceImpl::EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics,
+                                           const TokenAuth* auth, InflightLimit* inflight)
+    : shard_(shard), metrics_(metrics), auth_(auth), inflight_(inflight) {
+  // The generated sync handler would parse and serialise with protobuf
+  // (copying every row); this one takes the stream's bytes. The method keeps
+  // its name, type and wire format, so clients see no difference.
+  static const int kExchangeStreamIndex =
+      google::protobuf::DescriptorPool::generated_pool()
+          ->FindServiceByName(v1::EmbeddingService::service_full_name())
+          ->FindMethodByName("ExchangeStream")
+          ->index();
+  MarkMethodStreamed(
+      kExchangeStreamIndex,
+      new grpc::internal::BidiStreamingHandler<EmbeddingServiceImpl, grpc::ByteBuffer,
+                                               grpc::ByteBuffer>(
+          [](EmbeddingServiceImpl* service, grpc::ServerContext* context,
+             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+            return service->ExchangeStreamRaw(context, stream);
+          },
+          this));
+}
+
+grpc::Status EmbeddingServiceImpl::ExchangeStreamRaw(
+    grpc::ServerContext* context, grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
   EMBER_AUTHORIZE_SYNC(*context, "ExchangeStream");
   const OpenStream open(metrics_);
   const absl::Duration timeout = StreamExchangeTimeout(context);
-  // Reused from step to step: their buffers keep their capacity.
+  // The request is reused from step to step (its buffers keep their
+  // capacity), and so are the responses: an answer's slices point into its
+  // response until gRPC has sent them, which can be after Write returns, so
+  // a few take turns (a new one is made only when all are still held).
+  grpc::ByteBuffer in;
   v1::ExchangeRequest request;
-  v1::ExchangeResponse response;
-  while (stream->Read(&request)) {
+  std::vector<std::shared_ptr<v1::ExchangeResponse>> responses;
+  while (stream->Read(&in)) {
+    if (!ParseAndClear(&in, &request)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kNotAnExchangeRequest);
+    }
     const absl::Time deadline = std::min(Deadline(context), absl::Now() + timeout);
     EMBER_ADMIT_SYNC(ticket, *context, request, "ExchangeStream");
-    grpc::Status status = Measured(ShardMetrics::Rpc::kExchange,
-                                   [&] { return shard_->Exchange(request, &response, deadline); });
+    std::shared_ptr<v1::ExchangeResponse> response = FreeResponse(&responses);
+    grpc::Status status = Measured(ShardMetrics::Rpc::kExchange, [&] {
+      return shard_->Exchange(request, response.get(), deadline);
+    });
     if (!status.ok()) return status;
-    if (!stream->Write(response)) {
+    if (!stream->Write(SerializeAliased(response))) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
     }
-    response.Clear();
   }
   return grpc::Status::OK;
 }
@@ -276,8 +330,7 @@ class EmbeddingCallbackService::StreamReactor final
       return;
     }
     if (!ParseAndClear(&in_, &request_)) {
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "ExchangeStream: a message on the stream is not an ExchangeRequest"));
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kNotAnExchangeRequest));
       return;
     }
     const absl::Time deadline = std::min(Deadline(context_), absl::Now() + timeout_);
