@@ -15,7 +15,8 @@
 # directory): per round and build, the prefetch-on rows (steps/s, efficiency,
 # wait p99, trainer CPU) and the CPU per pipeline-step of the trainer, of
 # the shards (from /proc, so older builds are measured the same way) and of
-# both. `flags` does the same with one build ($EMBER_BUILD_DIR) and two
+# both, and at the end each variant's means and their ratios to the first
+# variant's. `flags` does the same with one build ($EMBER_BUILD_DIR) and two
 # sets of trainer flags (e.g. "--exchange_streams=false" "--exchange_streams=true").
 # `shard-flags` is `flags` with the two sets given to the shards instead
 # (e.g. "--rpc_mode=sync" "--rpc_mode=callback"). $EMBER_SHARD_FLAGS, if set,
@@ -37,7 +38,7 @@ else
   VARIANTS=("$2" "$3")
   shift 3
 fi
-declare -A CPU_SUM=() LOOKUP_SUM=() PUSH_SUM=()
+declare -A CPU_SUM=() TRAINER_SUM=() SHARDS_SUM=() LOOKUP_SUM=() PUSH_SUM=()
 ROUNDS="${EMBER_ROUNDS:-3}"
 BUILD="${EMBER_BUILD_DIR:-build}"
 read -ra SHARD_FLAGS <<<"${EMBER_SHARD_FLAGS:-}"
@@ -99,6 +100,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
       echo "  CPU per pipeline-step over both modes: trainer $trainer_cpu ms + shards $shards_cpu ms" \
         "= $total ms"
       CPU_SUM[$bin]=$(awk -v a="${CPU_SUM[$bin]:-0}" -v b="$total" 'BEGIN {print a + b}')
+      TRAINER_SUM[$bin]=$(awk -v a="${TRAINER_SUM[$bin]:-0}" -v b="$trainer_cpu" 'BEGIN {print a + b}')
+      SHARDS_SUM[$bin]=$(awk -v a="${SHARDS_SUM[$bin]:-0}" -v b="$shards_cpu" 'BEGIN {print a + b}')
     elif [ "$MODE" = lookup-dims ]; then
       start_shards 2 --worker_threads=4 "${SHARD_FLAGS[@]}" >/dev/null
       out=$("$BUILD/bench/ember-lookup-bench" --shards="$SHARD_ADDRESSES" --dim="$bin" \
@@ -124,6 +127,16 @@ if [ "$MODE" = dims ]; then
   for d in "${VARIANTS[@]}"; do
     awk -v d="$d" -v s="${CPU_SUM[$d]}" -v f="${CPU_SUM[$first]}" -v r="$ROUNDS" \
       'BEGIN {printf "%s | %.3f | %.2fx\n", d, s / r, s / f}'
+  done
+fi
+if [ "$MODE" = build ] || [ "$MODE" = flags ] || [ "$MODE" = shard-flags ]; then
+  first="${VARIANTS[0]}"
+  echo "variant | trainer | shards | total: CPU ms per pipeline-step, means of $ROUNDS rounds | vs the first (total, trainer, shards)"
+  for v in "${VARIANTS[@]}"; do
+    awk -v v="$v" -v t="${TRAINER_SUM[$v]}" -v s="${SHARDS_SUM[$v]}" -v c="${CPU_SUM[$v]}" \
+      -v ft="${TRAINER_SUM[$first]}" -v fs="${SHARDS_SUM[$first]}" -v fc="${CPU_SUM[$first]}" \
+      -v r="$ROUNDS" 'BEGIN {printf "%s | %.3f | %.3f | %.3f | %.2f, %.2f, %.2f\n", v, t / r, s / r,
+        c / r, c / fc, t / ft, s / fs}'
   done
 fi
 if [ "$MODE" = lookup-dims ]; then
