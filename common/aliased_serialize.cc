@@ -12,6 +12,8 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
+#include "common/in_place_parse.h"
+
 namespace ember {
 namespace {
 
@@ -111,6 +113,31 @@ bool ParseAndClear(grpc::ByteBuffer* buffer, Message* message) {
   }
   buffer->Clear();
   return parsed;
+}
+
+std::shared_ptr<const void> ParseAndClearLeavingInPlace(grpc::ByteBuffer* buffer,
+                                                        absl::Span<const int> path,
+                                                        Message* message, InPlaceFields* fields) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  const bool dumped = buffer->Dump(slices.get()).ok();
+  buffer->Clear();
+  std::vector<absl::string_view> views;
+  views.reserve(slices->size());
+  for (const grpc::Slice& s : *slices) {
+    views.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  fields->clear();
+  const bool parsed =
+      dumped && ParseLeavingInPlace(views, path, message,
+                                    [&](Message* parent, std::vector<absl::string_view> value) {
+                                      fields->emplace_back(parent, std::move(value));
+                                    });
+  if (!parsed) {
+    message->Clear();
+    fields->clear();
+    return nullptr;
+  }
+  return slices;
 }
 
 }  // namespace ember

@@ -17,14 +17,20 @@
 // aliased and small ones never are.
 //
 // ParseAndClear is the receiving side's counterpart (it copies, as
-// protobuf's parser does).
+// protobuf's parser does); ParseAndClearLeavingInPlace leaves one large field
+// where it arrived.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <google/protobuf/message.h>
 #include <grpcpp/support/byte_buffer.h>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace ember {
 
@@ -44,5 +50,29 @@ grpc::ByteBuffer SerializeCopied(const google::protobuf::Message& message);
 // Parses `buffer` into `message` (replacing its contents), then empties
 // `buffer`. False if the bytes are not a valid `message`.
 bool ParseAndClear(grpc::ByteBuffer* buffer, google::protobuf::Message* message);
+
+// Each occurrence of a field left in place: the message that would hold it
+// and the pieces of its value, in wire order (in_place_parse.h).
+using InPlaceFields =
+    std::vector<std::pair<const google::protobuf::Message*, std::vector<absl::string_view>>>;
+
+// ParseAndClear, leaving the `bytes` field at `path` (ParseLeavingInPlace)
+// in `buffer`'s slices: returns them, to be kept alive while the pieces in
+// `*fields` (cleared first) are read; null if the bytes are not a valid
+// `message`, which is then cleared.
+std::shared_ptr<const void> ParseAndClearLeavingInPlace(grpc::ByteBuffer* buffer,
+                                                        absl::Span<const int> path,
+                                                        google::protobuf::Message* message,
+                                                        InPlaceFields* fields);
+
+// The pieces of `parent`'s field among `fields` (the last occurrence wins,
+// as in protobuf); null if it was not on the wire, which means empty.
+inline const std::vector<absl::string_view>* FindInPlace(const InPlaceFields& fields,
+                                                         const google::protobuf::Message& parent) {
+  for (auto it = fields.rbegin(); it != fields.rend(); ++it) {
+    if (it->first == &parent) return &it->second;
+  }
+  return nullptr;
+}
 
 }  // namespace ember

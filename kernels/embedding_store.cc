@@ -137,7 +137,8 @@ absl::StatusOr<FindResult> EmbeddingStore::FindOrInsertAdmitted(absl::Span<const
 }
 
 absl::StatusOr<PushResult> EmbeddingStore::ApplyAdmitted(absl::Span<const uint64_t> keys,
-                                                         DType grad_dtype, const uint8_t* grads) {
+                                                         DType grad_dtype,
+                                                         const GradientRows& grads) {
   // Stored keys are updated; a missing key only once the sketch admits it
   // (a lookup counted it min_count times; its row may have been evicted
   // since). The rest of the gradients are dropped and counted.
@@ -152,29 +153,44 @@ absl::StatusOr<PushResult> EmbeddingStore::ApplyAdmitted(absl::Span<const uint64
   for (size_t i = 0; i < keys.size(); ++i) {
     if (found[i] || admission_->Estimate(keys[i]) >= config_.admission.min_count) {
       kept_keys.push_back(keys[i]);
-      kept_grads.insert(kept_grads.end(), grads + i * row_bytes, grads + (i + 1) * row_bytes);
+      const uint8_t* row = grads.row(i, row_bytes);
+      kept_grads.insert(kept_grads.end(), row, row + row_bytes);
     } else {
       ++dropped;
     }
   }
   admission_dropped_.fetch_add(dropped, std::memory_order_relaxed);
   if (kept_keys.empty()) return PushResult{};
-  return ApplyGradientsImpl(kept_keys, grad_dtype, kept_grads.data());
+  return ApplyGradientsImpl(kept_keys, grad_dtype,
+                            absl::Span<const uint8_t>(kept_grads.data(), kept_grads.size()));
 }
 
 absl::Status EmbeddingStore::ValidateGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
-                                               absl::Span<const uint8_t> grads) const {
-  EMBER_RETURN_IF_ERROR(ValidateRowBuffer("gradients", keys.size(), grad_dtype, grads.size()));
-  const size_t elements = keys.size() * config_.dim;
-  // One vectorised pass; the element-wise loop only finds the culprit.
-  if (AllFinite(grads.data(), grad_dtype, elements)) return absl::OkStatus();
-  for (size_t i = 0; i < elements; ++i) {
-    float g = LoadElement(grads.data(), grad_dtype, i);
-    if (!std::isfinite(g)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", config_.name, "' field 'gradients': expected finite values, received ", g,
-          " at row ", i / config_.dim, " (key ", keys[i / config_.dim], ") element ",
-          i % config_.dim));
+                                               const GradientRows& grads) const {
+  EMBER_RETURN_IF_ERROR(ValidateRowBuffer("gradients", keys.size(), grad_dtype, grads.bytes()));
+  const size_t dim = config_.dim;
+  const size_t row_bytes = dim * DTypeSize(grad_dtype);
+  // One vectorised pass per run of rows that lie end to end (all of them
+  // when packed); the element-wise loop only finds the culprit.
+  size_t first_bad_row = keys.size();
+  for (size_t i = 0, k; i < keys.size(); i = k) {
+    const uint8_t* run = grads.row(i, row_bytes);
+    for (k = i + 1; k < keys.size() && grads.row(k, row_bytes) == run + (k - i) * row_bytes; ++k) {
+    }
+    if (!AllFinite(run, grad_dtype, (k - i) * dim)) {
+      first_bad_row = i;
+      break;
+    }
+  }
+  for (size_t i = first_bad_row; i < keys.size(); ++i) {
+    const uint8_t* row = grads.row(i, row_bytes);
+    for (size_t j = 0; j < dim; ++j) {
+      const float g = LoadElement(row, grad_dtype, j);
+      if (!std::isfinite(g)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", config_.name, "' field 'gradients': expected finite values, received ", g,
+            " at row ", i, " (key ", keys[i], ") element ", j));
+      }
     }
   }
   return absl::OkStatus();
@@ -185,16 +201,17 @@ absl::StatusOr<PushResult> EmbeddingStore::ApplyGradients(absl::Span<const uint6
                                                           absl::Span<const uint8_t> grads) {
   EMBER_RETURN_IF_ERROR(ValidateGradients(keys, grad_dtype, grads));
   if (keys.empty()) return PushResult{};
-  if (admission_) return ApplyAdmitted(keys, grad_dtype, grads.data());
-  return ApplyGradientsImpl(keys, grad_dtype, grads.data());
+  if (admission_) return ApplyAdmitted(keys, grad_dtype, grads);
+  return ApplyGradientsImpl(keys, grad_dtype, grads);
 }
 
-absl::StatusOr<PushResult> EmbeddingStore::ApplyValidatedGradients(
-    absl::Span<const uint64_t> keys, DType grad_dtype, absl::Span<const uint8_t> grads) {
-  EMBER_RETURN_IF_ERROR(ValidateRowBuffer("gradients", keys.size(), grad_dtype, grads.size()));
+absl::StatusOr<PushResult> EmbeddingStore::ApplyValidatedGradients(absl::Span<const uint64_t> keys,
+                                                                   DType grad_dtype,
+                                                                   const GradientRows& grads) {
+  EMBER_RETURN_IF_ERROR(ValidateRowBuffer("gradients", keys.size(), grad_dtype, grads.bytes()));
   if (keys.empty()) return PushResult{};
-  if (admission_) return ApplyAdmitted(keys, grad_dtype, grads.data());
-  return ApplyGradientsImpl(keys, grad_dtype, grads.data());
+  if (admission_) return ApplyAdmitted(keys, grad_dtype, grads);
+  return ApplyGradientsImpl(keys, grad_dtype, grads);
 }
 
 absl::StatusOr<size_t> EmbeddingStore::Erase(absl::Span<const uint64_t> keys) {

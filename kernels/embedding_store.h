@@ -101,6 +101,35 @@ struct SnapshotBatch {
   void Clear();
 };
 
+// A push's gradient rows, in key order: (n, dim) of the push's dtype, host
+// memory, any alignment. Either one packed buffer, or one address per row:
+// a shard reads a push's rows where they arrived, in pieces of the network's
+// receive buffers, and a piece boundary can fall anywhere. A view: the
+// caller keeps the bytes and the address array alive through the call.
+class GradientRows {
+ public:
+  // Packed: row i at bytes.data() + i * row bytes.
+  GradientRows(absl::Span<const uint8_t> bytes)  // NOLINT: a packed buffer is the common form
+      : data_(bytes.data()), bytes_(bytes.size()) {}
+  // By address: rows.size() rows of `row_bytes` each, row i at rows[i].
+  GradientRows(absl::Span<const uint8_t* const> rows, size_t row_bytes)
+      : at_(rows.data()), bytes_(rows.size() * row_bytes) {}
+
+  // The bytes of all rows.
+  size_t bytes() const { return bytes_; }
+  // Row i of a push whose rows are `row_bytes` long.
+  const uint8_t* row(size_t i, size_t row_bytes) const {
+    return at_ != nullptr ? at_[i] : data_ + i * row_bytes;
+  }
+  // The packed buffer; null when the rows are given by address.
+  const uint8_t* packed() const { return at_ != nullptr ? nullptr : data_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  const uint8_t* const* at_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class EmbeddingStore {
  public:
   virtual ~EmbeddingStore();
@@ -180,14 +209,13 @@ class EmbeddingStore {
   // checks ApplyGradients makes. Lets a caller validate a multi-table request
   // before changing any table.
   absl::Status ValidateGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
-                                 absl::Span<const uint8_t> grads) const;
+                                 const GradientRows& grads) const;
 
   // ApplyGradients for a caller that has already had ValidateGradients
   // accept exactly these arguments: only the (cheap) shape checks are
   // repeated, not the scan of every gradient value.
   absl::StatusOr<PushResult> ApplyValidatedGradients(absl::Span<const uint64_t> keys,
-                                                     DType grad_dtype,
-                                                     absl::Span<const uint8_t> grads);
+                                                     DType grad_dtype, const GradientRows& grads);
 
  protected:
   explicit EmbeddingStore(TableConfig config);
@@ -199,7 +227,7 @@ class EmbeddingStore {
                                               uint8_t* out, uint8_t* found, bool insert) = 0;
   virtual absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
                                                         DType grad_dtype,
-                                                        const uint8_t* grads) = 0;
+                                                        const GradientRows& grads) = 0;
   virtual absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) = 0;
   virtual absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) = 0;
   virtual absl::Status ImportImpl(const ExportedRows& rows) = 0;
@@ -216,7 +244,7 @@ class EmbeddingStore {
   absl::StatusOr<FindResult> FindOrInsertAdmitted(absl::Span<const uint64_t> keys, DType dtype,
                                                   uint8_t* out);
   absl::StatusOr<PushResult> ApplyAdmitted(absl::Span<const uint64_t> keys, DType grad_dtype,
-                                           const uint8_t* grads);
+                                           const GradientRows& grads);
 
   const TableConfig config_;
   std::unique_ptr<CountMinSketch> admission_;  // null: admission off

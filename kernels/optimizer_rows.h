@@ -4,7 +4,9 @@
 // function's expression, so results are bit-identical to calling it element
 // by element (and to the CUDA store, which does).
 //
-// All arrays are host memory, fp32, `n` elements, and must not overlap.
+// All arrays are host memory, fp32, `n` elements, and must not overlap. The
+// gradients `g` may sit at any address (a shard reads a push's rows where
+// they arrived off the network); the rows and state are float-aligned.
 #pragma once
 
 #include <cstddef>
@@ -13,10 +15,10 @@
 
 namespace ember::opt {
 
-void SgdRow(const OptimizerConfig& c, const float* g, float* w, size_t n);
-void AdagradRow(const OptimizerConfig& c, const float* g, float* w, float* acc, size_t n);
-void AdamRow(const OptimizerConfig& c, float step_size, const float* g, float* w, float* m,
+void SgdRow(const OptimizerConfig& c, const void* g, float* w, size_t n);
+void AdagradRow(const OptimizerConfig& c, const void* g, float* w, float* acc, size_t n);
+void AdamRow(const OptimizerConfig& c, float step_size, const void* g, float* w, float* m,
              float* v, size_t n);
-void FtrlRow(const OptimizerConfig& c, const float* g, float* w, float* z, float* sq, size_t n);
+void FtrlRow(const OptimizerConfig& c, const void* g, float* w, float* z, float* sq, size_t n);
 
 }  // namespace ember::opt

@@ -10,6 +10,7 @@
 #include "common/aliased_serialize.h"
 #include "common/wire.h"
 #include "server/grpc_status.h"
+#include "server/received_exchange.h"
 
 // A refused call answers with the refusal (see server/token_auth.h).
 #define EMBER_AUTHORIZE_SYNC(context, rpc)                                           \
@@ -24,12 +25,13 @@
     return reactor;                                                                  \
   }
 // A call over its connection's or the shard's in-flight bytes is refused
-// before it runs (see server/inflight_limit.h); `ticket` holds its bytes.
-#define EMBER_ADMIT_SYNC(ticket, context, request, rpc)                       \
-  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, request, rpc);   \
+// before it runs (see server/inflight_limit.h); `ticket` holds its bytes
+// (`bytes`: the request's size on the wire).
+#define EMBER_ADMIT_SYNC(ticket, context, bytes, rpc)                         \
+  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, bytes, rpc);     \
   if (!ticket.ok()) return ToGrpcStatus(ticket.status());
-#define EMBER_ADMIT_REACTOR(ticket, context, request, rpc, reactor)          \
-  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, request, rpc);   \
+#define EMBER_ADMIT_REACTOR(ticket, context, bytes, rpc, reactor)            \
+  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, bytes, rpc);     \
   if (!ticket.ok()) {                                                        \
     (reactor)->Finish(ToGrpcStatus(ticket.status()));                        \
     return reactor;                                                          \
@@ -40,11 +42,12 @@ namespace {
 
 using Ticket = std::shared_ptr<const InflightLimit::Ticket>;
 
-// The call's in-flight ticket; null without a limit.
+// The call's in-flight ticket for a request of `bytes` on the wire; null
+// without a limit.
 absl::StatusOr<Ticket> Admit(InflightLimit* limit, const grpc::ServerContextBase& context,
-                             const google::protobuf::Message& request, absl::string_view rpc) {
+                             size_t bytes, absl::string_view rpc) {
   if (limit == nullptr) return Ticket();
-  return limit->Acquire(context.peer(), request.ByteSizeLong(), rpc);
+  return limit->Acquire(context.peer(), bytes, rpc);
 }
 
 // A call whose deadline passed while it queued is not worth starting.
@@ -134,7 +137,7 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Lookup");
-  EMBER_ADMIT_SYNC(ticket, *context, *request, "Lookup");
+  EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Lookup");
   return Measured(ShardMetrics::Rpc::kLookup, [&] { return shard_->Lookup(*request, response, Deadline(context)); });
 }
 
@@ -143,7 +146,7 @@ grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         v1::PushResponse* response) {
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Push");
-  EMBER_ADMIT_SYNC(ticket, *context, *request, "Push");
+  EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Push");
   return Measured(ShardMetrics::Rpc::kPush, [&] { return shard_->Push(*request, response); });
 }
 
@@ -152,7 +155,7 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
                                             v1::ExchangeResponse* response) {
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Exchange");
-  EMBER_ADMIT_SYNC(ticket, *context, *request, "Exchange");
+  EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Exchange");
   return Measured(ShardMetrics::Rpc::kExchange,
                   [&] { return shard_->Exchange(*request, response, Deadline(context)); });
 }
@@ -189,17 +192,18 @@ grpc::Status EmbeddingServiceImpl::ExchangeStreamRaw(
   // response until gRPC has sent them, which can be after Write returns, so
   // a few take turns (a new one is made only when all are still held).
   grpc::ByteBuffer in;
-  v1::ExchangeRequest request;
+  ReceivedExchange received;
+  const v1::ExchangeRequest& request = received.message();
   std::vector<std::shared_ptr<v1::ExchangeResponse>> responses;
   while (stream->Read(&in)) {
-    if (!ParseAndClear(&in, &request)) {
+    if (!received.Parse(&in)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kNotAnExchangeRequest);
     }
     const absl::Time deadline = std::min(Deadline(context), absl::Now() + timeout);
-    EMBER_ADMIT_SYNC(ticket, *context, request, "ExchangeStream");
+    EMBER_ADMIT_SYNC(ticket, *context, received.wire_bytes(), "ExchangeStream");
     std::shared_ptr<v1::ExchangeResponse> response = FreeResponse(&responses);
     grpc::Status status = Measured(ShardMetrics::Rpc::kExchange, [&] {
-      return shard_->Exchange(request, response.get(), deadline);
+      return shard_->Exchange(request, response.get(), deadline, received.gradient_pieces());
     });
     if (!status.ok()) return status;
     if (!stream->Write(SerializeAliased(response))) {
@@ -244,7 +248,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Lookup(grpc::CallbackServerC
     return reactor;
   }
   EMBER_AUTHORIZE_REACTOR(*context, "Lookup", reactor);
-  EMBER_ADMIT_REACTOR(ticket, *context, *request, "Lookup", reactor);
+  EMBER_ADMIT_REACTOR(ticket, *context, request->ByteSizeLong(), "Lookup", reactor);
   RunLookup(shard_->MayWait(*request), [this, reactor, context, request, response,
                                         ticket = *std::move(ticket)] {
     reactor->Finish(MeasuredCall(metrics_, ShardMetrics::Rpc::kLookup, [&] {
@@ -259,7 +263,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Push(grpc::CallbackServerCon
                                                          v1::PushResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   EMBER_AUTHORIZE_REACTOR(*context, "Push", reactor);
-  EMBER_ADMIT_REACTOR(ticket, *context, *request, "Push", reactor);
+  EMBER_ADMIT_REACTOR(ticket, *context, request->ByteSizeLong(), "Push", reactor);
   reactor->Finish(Expired(context) ? kExpired
                                    : MeasuredCall(metrics_, ShardMetrics::Rpc::kPush, [&] {
                                        return shard_->Push(*request, response);
@@ -268,6 +272,7 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Push(grpc::CallbackServerCon
 }
 
 void EmbeddingCallbackService::RunExchange(const v1::ExchangeRequest* request,
+                                           GradientPieces in_place,
                                            v1::ExchangeResponse* response, absl::Time deadline,
                                            std::function<void(const absl::Status&)> finish) {
   const absl::Time start = absl::Now();
@@ -278,7 +283,7 @@ void EmbeddingCallbackService::RunExchange(const v1::ExchangeRequest* request,
     }
     finish(status);
   };
-  const absl::Status pushed = shard_->ExchangePush(*request, response);
+  const absl::Status pushed = shard_->ExchangePush(*request, response, in_place);
   if (!pushed.ok() || !request->has_lookup()) {
     measured(pushed);
     return;
@@ -298,8 +303,8 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
     return reactor;
   }
   EMBER_AUTHORIZE_REACTOR(*context, "Exchange", reactor);
-  EMBER_ADMIT_REACTOR(ticket, *context, *request, "Exchange", reactor);
-  RunExchange(request, response, Deadline(context),
+  EMBER_ADMIT_REACTOR(ticket, *context, request->ByteSizeLong(), "Exchange", reactor);
+  RunExchange(request, {}, response, Deadline(context),
               [reactor, ticket = *std::move(ticket)](const absl::Status& status) {
                 reactor->Finish(ToGrpcStatus(status));
               });
@@ -329,18 +334,18 @@ class EmbeddingCallbackService::StreamReactor final
       Finish(grpc::Status::OK);
       return;
     }
-    if (!ParseAndClear(&in_, &request_)) {
+    if (!received_.Parse(&in_)) {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kNotAnExchangeRequest));
       return;
     }
     const absl::Time deadline = std::min(Deadline(context_), absl::Now() + timeout_);
     absl::StatusOr<Ticket> ticket =
-        Admit(service_->inflight_, *context_, request_, "ExchangeStream");
+        Admit(service_->inflight_, *context_, received_.wire_bytes(), "ExchangeStream");
     if (!ticket.ok()) {
       Finish(ToGrpcStatus(ticket.status()));
       return;
     }
-    service_->RunExchange(&request_, &response_, deadline,
+    service_->RunExchange(&received_.message(), received_.gradient_pieces(), &response_, deadline,
                           [this, ticket = *std::move(ticket)](const absl::Status& status) {
       if (status.ok()) {
         auto sent = std::make_shared<v1::ExchangeResponse>();
@@ -370,7 +375,7 @@ class EmbeddingCallbackService::StreamReactor final
   const OpenStream open_;
   const absl::Duration timeout_;
   grpc::ByteBuffer in_;
-  v1::ExchangeRequest request_;
+  ReceivedExchange received_;
   v1::ExchangeResponse response_;
   grpc::ByteBuffer out_;
 };

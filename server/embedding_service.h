@@ -106,7 +106,9 @@ class EmbeddingCallbackService final : public EmbeddingCallbackBase {
   // elsewhere may need it), then runs the lookup inline or on the pool;
   // `finish` gets the exchange's status, on whichever thread ends it, and
   // records the call's latency from now.
-  void RunExchange(const v1::ExchangeRequest* request, v1::ExchangeResponse* response,
+  // `in_place`: the request's gradients left where they arrived (Shard::Push).
+  void RunExchange(const v1::ExchangeRequest* request, GradientPieces in_place,
+                   v1::ExchangeResponse* response,
                    absl::Time deadline, std::function<void(const absl::Status&)> finish);
 
   class StreamReactor;

@@ -21,6 +21,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/rw_mutex.h"
 #include "absl/time/clock.h"
 #include "ember/v1/admin_service.pb.h"
@@ -31,6 +33,12 @@
 #include "server/ssp_clock.h"
 
 namespace ember {
+
+// A push's gradients left where they arrived (ReceivedExchange): for each
+// table of the request, the pieces of its `gradients` value, whose field in
+// the message is then empty; null for a table whose value was not on the
+// wire (empty). An empty span: every table's gradients are in its field.
+using GradientPieces = absl::Span<const std::vector<absl::string_view>* const>;
 
 // A shard's state at a checkpoint's cut, copied to memory (Shard::Snapshot).
 struct ShardSnapshot {
@@ -102,18 +110,23 @@ class Shard {
   // carries a step (see LookupRequest.step).
   absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
                       absl::Time deadline = absl::InfiniteFuture());
-  absl::Status Push(const v1::PushRequest& request, v1::PushResponse* response);
+  // `in_place`: see GradientPieces; its pieces must stay unchanged through
+  // the call.
+  absl::Status Push(const v1::PushRequest& request, v1::PushResponse* response,
+                    GradientPieces in_place = {});
   // Whether the request could wait for the consistency clock (its lookup
   // has a step that some worker has not reached, counting the request's own
   // push): the gRPC service runs such calls off its completion threads.
   bool MayWait(const v1::LookupRequest& lookup, const v1::PushRequest* push = nullptr) const;
   // Push, then Lookup; see EmbeddingService.Exchange.
   absl::Status Exchange(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
-                        absl::Time deadline = absl::InfiniteFuture());
+                        absl::Time deadline = absl::InfiniteFuture(),
+                        GradientPieces in_place = {});
   // Exchange in two halves, for a caller that runs the lookup elsewhere:
   // the push (never waits), then the lookup (may wait; its error says the
   // push was applied). Exchange is ExchangePush then ExchangeLookup.
-  absl::Status ExchangePush(const v1::ExchangeRequest& request, v1::ExchangeResponse* response);
+  absl::Status ExchangePush(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
+                            GradientPieces in_place = {});
   absl::Status ExchangeLookup(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
                               absl::Time deadline);
   // Counts this shard's traffic in `metrics` (which must outlive the shard)
@@ -188,7 +201,7 @@ class Shard {
                             const std::vector<Resolved>& resolved, Resolved* out) const;
   // Applies a validated push to the stores.
   absl::Status Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
-                     v1::PushResponse* response);
+                     const std::vector<GradientRows>& grads, v1::PushResponse* response);
   absl::Status CheckKeyCount(uint64_t total_keys) const;
   // With max_rows: refuses a request whose `writes` entries of `resolved`
   // would insert past it (counting their missing keys only near the limit).

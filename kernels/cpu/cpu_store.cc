@@ -528,7 +528,7 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
   return result;
 }
 
-void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad, float* scratch) const {
+void CpuStore::ApplyOptimizer(uint8_t* record, const void* grad, float* scratch) const {
   const OptimizerConfig& o = config().optimizer;
   // fp32 rows are updated in place; half-precision rows through `scratch`.
   float* w = dtype_ == DType::kFp32 ? reinterpret_cast<float*>(record + value_offset_) : scratch;
@@ -555,7 +555,8 @@ void CpuStore::ApplyOptimizer(uint8_t* record, const float* grad, float* scratch
 }
 
 absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_t> keys,
-                                                        DType grad_dtype, const uint8_t* grads) {
+                                                        DType grad_dtype,
+                                                        const GradientRows& grads) {
   std::vector<float> g(dim_), scratch(dim_);
   const size_t grad_row = dim_ * DTypeSize(grad_dtype);
   const uint32_t clock = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -611,17 +612,16 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     for (uint32_t k = begin; k < end;) {
       const Slot& first = b.slots[k];
       const uint64_t key = keys[first.pos];
-      const uint8_t* row = grads + first.pos * grad_row;
-      const float* grad = g.data();
+      const uint8_t* row = grads.row(first.pos, grad_row);
+      const void* grad = g.data();
       const bool alone = k + 1 == end || b.slots[k + 1].hash != first.hash;
-      if (alone && grad_dtype == DType::kFp32 &&
-          reinterpret_cast<uintptr_t>(row) % alignof(float) == 0) {
-        grad = reinterpret_cast<const float*>(row);  // the request's row, read in place
+      if (alone && grad_dtype == DType::kFp32) {
+        grad = row;  // the request's row, read in place (at any alignment)
         ++k;
       } else {
         ConvertElements(row, grad_dtype, g.data(), DType::kFp32, dim_);
         for (++k; k < end && b.slots[k].hash == first.hash; ++k) {
-          const uint8_t* more = grads + b.slots[k].pos * grad_row;
+          const uint8_t* more = grads.row(b.slots[k].pos, grad_row);
           for (uint32_t j = 0; j < dim_; ++j) g[j] += LoadElement(more, grad_dtype, j);
         }
       }

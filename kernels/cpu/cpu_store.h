@@ -66,7 +66,8 @@ class CpuStore final : public EmbeddingStore {
   absl::StatusOr<FindResult> FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
                                       uint8_t* out, uint8_t* found, bool insert) override;
   absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
-                                                DType grad_dtype, const uint8_t* grads) override;
+                                                DType grad_dtype,
+                                                const GradientRows& grads) override;
   absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) override;
   absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
   absl::Status ImportImpl(const ExportedRows& rows) override;
@@ -107,8 +108,9 @@ class CpuStore final : public EmbeddingStore {
   void AppendRow(const uint8_t* record, ExportedRows* out) const;
   void CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const;
   void InitialRowOut(uint64_t key, DType out_dtype, uint8_t* out) const;
-  // One optimizer step on a record; `scratch` holds dim floats.
-  void ApplyOptimizer(uint8_t* record, const float* grad, float* scratch) const;
+  // One optimizer step on a record; `grad` is dim fp32 at any address,
+  // `scratch` holds dim floats.
+  void ApplyOptimizer(uint8_t* record, const void* grad, float* scratch) const;
   // Calls fn(stripe, slot) for every key, sub-batch by sub-batch, with the
   // key's stripe locked exclusively.
   template <typename Fn>

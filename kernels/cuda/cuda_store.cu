@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cub/cub.cuh>
 #include <mutex>
 #include <thrust/iterator/counting_iterator.h>
@@ -846,7 +847,20 @@ absl::StatusOr<FindResult> CudaStore::FindImpl(absl::Span<const uint64_t> keys, 
 }
 
 absl::StatusOr<PushResult> CudaStore::ApplyGradientsImpl(absl::Span<const uint64_t> keys,
-                                                         DType grad_dtype, const uint8_t* grads) {
+                                                         DType grad_dtype,
+                                                         const GradientRows& grads) {
+  // Rows given by address are packed on the host first: the staging copy
+  // to the device is one transfer.
+  const size_t row_bytes = config().dim * DTypeSize(grad_dtype);
+  std::vector<uint8_t> packed;
+  const uint8_t* host_grads = grads.packed();
+  if (host_grads == nullptr) {
+    packed.resize(keys.size() * row_bytes);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      memcpy(packed.data() + i * row_bytes, grads.row(i, row_bytes), row_bytes);
+    }
+    host_grads = packed.data();
+  }
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   cuda::DeviceScope scope(m.device);
@@ -855,7 +869,7 @@ absl::StatusOr<PushResult> CudaStore::ApplyGradientsImpl(absl::Span<const uint64
                          m.Stage<uint64_t>(m.keys, keys.data(), n * sizeof(uint64_t)));
   EMBER_ASSIGN_OR_RETURN(
       uint8_t* d_grads,
-      m.Stage<uint8_t>(m.grads, grads, n * config().dim * DTypeSize(grad_dtype)));
+      m.Stage<uint8_t>(m.grads, host_grads, n * row_bytes));
   return m.PushLocked(d_keys, n, grad_dtype, d_grads);
 }
 

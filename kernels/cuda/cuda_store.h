@@ -71,7 +71,8 @@ class CudaStore final : public EmbeddingStore {
   absl::StatusOr<FindResult> FindImpl(absl::Span<const uint64_t> keys, DType out_dtype,
                                       uint8_t* out, uint8_t* found, bool insert) override;
   absl::StatusOr<PushResult> ApplyGradientsImpl(absl::Span<const uint64_t> keys,
-                                                DType grad_dtype, const uint8_t* grads) override;
+                                                DType grad_dtype,
+                                                const GradientRows& grads) override;
   absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) override;
   absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
   absl::Status ImportImpl(const ExportedRows& rows) override;

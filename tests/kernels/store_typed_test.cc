@@ -1,6 +1,7 @@
 // The EmbeddingStore contract, run against every store implementation.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -172,6 +173,50 @@ TYPED_TEST(StoreTest, PreValidatedPushStillChecksShapesAndAppliesLikeApplyGradie
   std::vector<float> short_grads = {1, 2, 3};
   EXPECT_EQ(store->ApplyValidatedGradients(keys, DType::kFp32, Bytes(short_grads)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A shard hands over a push's rows where they arrived off the network: each
+// row at its own address, at any alignment. Applied by address, a push
+// updates the rows bit for bit as the same push packed.
+TYPED_TEST(StoreTest, GradientsGivenByRowAddressApplyAsThePackedBufferDoes) {
+  TableConfig c = SmallTable(5);
+  c.optimizer.kind = OptimizerKind::kAdagrad;
+  auto by_address = this->MakeStore(c);
+  auto packed = this->MakeStore(c);
+  const std::vector<uint64_t> keys = {11, 3, 11, 42, 7};  // a duplicate, summed first
+  std::vector<float> grads(keys.size() * 5);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i) - 0.1f;
+  const size_t row_bytes = 5 * sizeof(float);
+  // Rows in reverse order, one byte off float alignment.
+  std::vector<uint8_t> scattered(1 + grads.size() * sizeof(float));
+  std::vector<const uint8_t*> at(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    uint8_t* row = scattered.data() + 1 + (keys.size() - 1 - i) * row_bytes;
+    memcpy(row, grads.data() + i * 5, row_bytes);
+    at[i] = row;
+  }
+  const GradientRows rows(at, row_bytes);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_OK(by_address->ValidateGradients(keys, DType::kFp32, rows));
+    ASSERT_OK(by_address->ApplyValidatedGradients(keys, DType::kFp32, rows));
+    ASSERT_OK(packed->ApplyGradients(keys, DType::kFp32, Bytes(grads)));
+  }
+  EXPECT_EQ(this->FindRows(*by_address, keys), this->FindRows(*packed, keys));
+}
+
+TYPED_TEST(StoreTest, ANonFiniteGradientGivenByAddressIsFoundInItsRow) {
+  auto store = this->MakeStore(SmallTable(2));
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> a = {1, 1, 1, 1};  // rows 0 and 1, end to end
+  std::vector<float> b = {1, std::numeric_limits<float>::quiet_NaN()};  // row 2, apart
+  const std::vector<const uint8_t*> at = {reinterpret_cast<const uint8_t*>(a.data()),
+                                          reinterpret_cast<const uint8_t*>(a.data() + 2),
+                                          reinterpret_cast<const uint8_t*>(b.data())};
+  const absl::Status s =
+      store->ValidateGradients(keys, DType::kFp32, GradientRows(at, 2 * sizeof(float)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("row 2 (key 3) element 1"), absl::string_view::npos) << s;
+  EXPECT_EQ(store->Stats().rows, 0u);
 }
 
 TYPED_TEST(StoreTest, DuplicateKeysInOnePushAreSummedBeforeOneOptimizerStep) {

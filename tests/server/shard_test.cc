@@ -214,6 +214,105 @@ TEST_F(ShardTest, NonFiniteGradientsAreRejectedAndChangeNothing) {
   EXPECT_EQ(StoredRows("item"), 0u);
 }
 
+// A push as ReceivedExchange hands it over: each table's gradients moved out
+// of the message into pieces of `piece_bytes` (the last one shorter), the
+// way gRPC's receive buffers cut them (anywhere, inside a row or a float).
+struct PushInPieces {
+  PushInPieces(v1::PushRequest request, size_t piece_bytes) : message(std::move(request)) {
+    for (v1::TableGradients& t : *message.mutable_tables()) {
+      bytes.push_back(std::move(*t.mutable_gradients()));
+      t.clear_gradients();
+    }
+    pieces.resize(bytes.size());
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      for (size_t at = 0; at < bytes[i].size(); at += piece_bytes) {
+        pieces[i].push_back(absl::string_view(bytes[i]).substr(at, piece_bytes));
+      }
+      in_place.push_back(&pieces[i]);
+    }
+  }
+  v1::PushRequest message;
+  std::vector<std::string> bytes;
+  std::vector<std::vector<absl::string_view>> pieces;
+  std::vector<const std::vector<absl::string_view>*> in_place;
+};
+
+// Narrow rows split between pieces are packed first, wide ones (dim 128 and
+// up in fp32) read by address; either way the rows end as the field's push
+// leaves them.
+TEST_F(ShardTest, GradientsLeftInPiecesApplyAsTheFieldDoes) {
+  // 1: every row and float split; 7: rows split at odd offsets; 1000: one
+  // piece per narrow table, several per wide one.
+  for (size_t piece_bytes : {size_t{1}, size_t{7}, size_t{1000}}) {
+    Shard fields(Options()), pieces(Options());
+    for (Shard* s : {&fields, &pieces}) {
+      ASSERT_OK(s->CreateTable(AdagradTable("user", 4), &created_));
+      ASSERT_OK(s->CreateTable(AdagradTable("item", 2), &created_));
+      ASSERT_OK(s->CreateTable(AdagradTable("wide", 128), &created_));
+    }
+    for (int step = 0; step < 3; ++step) {
+      v1::PushRequest req;
+      std::vector<float> user(keys_.size() * 4), item(keys_.size() * 2), wide(keys_.size() * 128);
+      for (size_t j = 0; j < user.size(); ++j) user[j] = 0.01f * static_cast<float>(j + step);
+      for (size_t j = 0; j < item.size(); ++j) item[j] = -0.02f * static_cast<float>(j);
+      for (size_t j = 0; j < wide.size(); ++j) wide[j] = 0.001f * static_cast<float>(j % 97);
+      AddGradients(&req, "user", keys_, user);
+      AddGradients(&req, "item", keys_, item);
+      AddGradients(&req, "wide", keys_, wide);
+      v1::PushResponse from_fields, from_pieces;
+      ASSERT_OK(fields.Push(req, &from_fields));
+      PushInPieces in(req, piece_bytes);
+      ASSERT_OK(pieces.Push(in.message, &from_pieces, in.in_place));
+      EXPECT_EQ(from_pieces.DebugString(), from_fields.DebugString());
+    }
+    for (const std::string table : {"user", "item", "wide"}) {
+      v1::LookupRequest req;
+      AddLookup(&req, table, keys_, /*read_only=*/true);
+      v1::LookupResponse a, b;
+      ASSERT_OK(fields.Lookup(req, &a));
+      ASSERT_OK(pieces.Lookup(req, &b));
+      EXPECT_EQ(Floats(b.tables(0).rows()), Floats(a.tables(0).rows()))
+          << table << ", pieces of " << piece_bytes;
+    }
+  }
+}
+
+TEST_F(ShardTest, GradientPiecesAreJudgedAsTheFieldIsAndChangeNothing) {
+  v1::PushRequest short_rows;
+  AddGradients(&short_rows, "item", keys_, std::vector<float>(keys_.size() * 2, 1.0f));
+  AddGradients(&short_rows, "user", keys_, std::vector<float>(keys_.size() * 4 - 1, 1.0f));
+  PushInPieces short_in(short_rows, 7);
+  v1::PushResponse resp;
+  ExpectError(shard_.Push(short_in.message, &resp, short_in.in_place),
+              absl::StatusCode::kInvalidArgument,
+              {"table 'user'", "'gradients'", "expected 160 bytes", "received 156"});
+
+  v1::PushRequest not_finite;
+  std::vector<float> grads(keys_.size() * 2, 0.5f);
+  grads[7] = std::numeric_limits<float>::infinity();
+  AddGradients(&not_finite, "item", keys_, grads);
+  PushInPieces not_finite_in(not_finite, 7);
+  ExpectError(shard_.Push(not_finite_in.message, &resp, not_finite_in.in_place),
+              absl::StatusCode::kInvalidArgument, {"table 'item'", "finite", "row 3"});
+
+  ASSERT_OK(shard_.CreateTable(AdagradTable("wide", 128), &created_));
+  v1::PushRequest wide_not_finite;
+  std::vector<float> wide(keys_.size() * 128, 0.5f);
+  wide[5 * 128 + 9] = std::numeric_limits<float>::quiet_NaN();
+  AddGradients(&wide_not_finite, "wide", keys_, wide);
+  PushInPieces wide_in(wide_not_finite, 1000);
+  ExpectError(shard_.Push(wide_in.message, &resp, wide_in.in_place),
+              absl::StatusCode::kInvalidArgument, {"table 'wide'", "finite", "row 5", "element 9"});
+  EXPECT_EQ(StoredRows("wide"), 0u);
+
+  PushInPieces wrong_count(short_rows, 7);
+  wrong_count.in_place.pop_back();
+  EXPECT_EQ(shard_.Push(wrong_count.message, &resp, wrong_count.in_place).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(StoredRows("item"), 0u);
+  EXPECT_EQ(StoredRows("user"), 0u);
+}
+
 TEST_F(ShardTest, MisroutedKeysAreRejectedNamingTheOwnerShard) {
   std::vector<uint64_t> keys = keys_;
   keys.push_back(OwnedKeys(1, 2, 1)[0]);

@@ -15,9 +15,11 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "common/piece_rows.h"
 #include "ember/v1/embedding_service.pb.h"
 
 namespace grpc {
@@ -67,9 +69,11 @@ class ExchangeAnswer {
   const std::vector<absl::string_view>* InPlace(int i) const;
 
   v1::ExchangeResponse message_;
-  // Per lookup table: its rows' pieces, when held in place.
-  std::vector<std::vector<absl::string_view>> pieces_;
-  std::vector<bool> in_place_;
+  // Per lookup table: its rows' pieces, or null when they are in the
+  // message's field; they point into fields_.
+  std::vector<const std::vector<absl::string_view>*> pieces_;
+  std::vector<std::pair<const google::protobuf::Message*, std::vector<absl::string_view>>>
+      fields_;
   std::shared_ptr<const void> slices_;  // the receive buffers the pieces point into
   mutable std::vector<std::string> straddled_;  // per table: rows copied out of two pieces
 };
@@ -82,30 +86,7 @@ void ExchangeAnswer::ForEachRow(int i, size_t row_bytes, RowFn row) const {
     for (size_t j = 0, n = field.size() / row_bytes; j < n; ++j) row(j, field.data() + j * row_bytes);
     return;
   }
-  std::string& copies = straddled_[i];
-  copies.clear();
-  // At most one straddling row per piece boundary: room for all of them up
-  // front, so that no earlier address moves.
-  copies.reserve(pieces->size() * row_bytes);
-  size_t j = 0;
-  size_t partial = 0;  // bytes of row j gathered into `copies` so far
-  for (absl::string_view p : *pieces) {
-    size_t at = 0;
-    if (partial > 0) {  // finish the row that began in the previous piece
-      const size_t take = std::min(row_bytes - partial, p.size());
-      copies.append(p.data(), take);
-      partial += take;
-      at = take;
-      if (partial < row_bytes) continue;
-      row(j++, copies.data() + copies.size() - row_bytes);
-      partial = 0;
-    }
-    for (; at + row_bytes <= p.size(); at += row_bytes) row(j++, p.data() + at);
-    if (at < p.size()) {
-      copies.append(p.data() + at, p.size() - at);
-      partial = p.size() - at;
-    }
-  }
+  ForEachPieceRow(*pieces, row_bytes, &straddled_[i], row);
 }
 
 }  // namespace ember
