@@ -11,7 +11,7 @@
 namespace ember::fuzz {
 
 inline std::vector<v1::TableConfig> FuzzTables() {
-  std::vector<v1::TableConfig> tables(3);
+  std::vector<v1::TableConfig> tables(4);
   tables[0].set_name("a");
   tables[0].set_dim(4);
   tables[0].set_dtype(v1::DTYPE_FP32);
@@ -37,6 +37,14 @@ inline std::vector<v1::TableConfig> FuzzTables() {
   tables[2].mutable_initializer()->mutable_constant()->set_value(0.125f);
   tables[2].mutable_admission()->set_min_count(2);
   tables[2].mutable_admission()->set_sketch_width(256);
+
+  // Wide rows (512 bytes): a shard reads those of a push by address.
+  tables[3].set_name("w");
+  tables[3].set_dim(128);
+  tables[3].set_dtype(v1::DTYPE_FP32);
+  tables[3].mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  tables[3].mutable_initializer()->mutable_constant()->set_value(0.5f);
+  tables[3].set_capacity(64);
   return tables;
 }
 

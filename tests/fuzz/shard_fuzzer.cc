@@ -7,12 +7,15 @@
 //   and their row counts are the same before and after;
 // - an accepted Lookup answers one row of `dim` values of its dtype per key, and an
 //   accepted Push names every table it was given.
+// Pushes come with their gradients in the message or, as an exchange stream
+// hands them over, left in pieces cut anywhere (ReceivedExchange).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <fuzzer/FuzzedDataProvider.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "common/key_hash.h"
 #include "common/wire.h"
+#include "server/received_exchange.h"
 #include "server/shard.h"
 #include "tests/fuzz/fuzz_tables.h"
 
@@ -59,13 +63,14 @@ std::string Fingerprint(const Shard& shard) {
 }
 
 std::string TableName(FuzzedDataProvider& in) {
-  static const char* kNames[] = {"a", "b", "c", "missing", ""};
-  return kNames[in.ConsumeIntegralInRange<size_t>(0, 4)];
+  static const char* kNames[] = {"a", "b", "c", "w", "missing", ""};
+  return kNames[in.ConsumeIntegralInRange<size_t>(0, 5)];
 }
 
 uint32_t DimOf(const std::string& table) {
   if (table == "a") return 4;
   if (table == "b") return 3;
+  if (table == "w") return 128;
   return 1;
 }
 
@@ -95,6 +100,28 @@ std::string Floats(FuzzedDataProvider& in, size_t n) {
     out.resize(in.ConsumeBool() ? out.size() + 1 : out.size() - std::min<size_t>(out.size(), 1));
   }
   return out;
+}
+
+// Lengths that cut `n` bytes into pieces, as receive buffers do.
+std::vector<size_t> Cuts(FuzzedDataProvider& in, size_t n) {
+  std::vector<size_t> cuts;
+  for (size_t at = 0; at < n;) {
+    const size_t len = std::min(n - at, in.ConsumeIntegralInRange<size_t>(1, 700));
+    cuts.push_back(len);
+    at += len;
+  }
+  return cuts;
+}
+
+// `bytes` as gRPC hands a message to the server: in receive buffers.
+grpc::ByteBuffer Received(FuzzedDataProvider& in, const std::string& bytes) {
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t len : Cuts(in, bytes.size())) {
+    slices.emplace_back(bytes.data() + at, len);
+    at += len;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 template <typename Proto>
@@ -147,11 +174,19 @@ void RunOne(Shard& shard, FuzzedDataProvider& in) {
       break;
     }
     case 2: {  // a raw ExchangeRequest: its push may stand when its lookup fails
+      v1::ExchangeResponse response;
+      changes_nothing_on_error = false;
+      if (in.ConsumeBool()) {  // as a stream reads it, gradients left in place
+        grpc::ByteBuffer bytes = Received(in, in.ConsumeRandomLengthString(4096));
+        ReceivedExchange request;
+        if (!request.Parse(&bytes)) return;
+        status = shard.Exchange(request.message(), &response, absl::Now(),
+                                request.gradient_pieces());
+        break;
+      }
       v1::ExchangeRequest request;
       if (!ParseRaw(in, &request)) return;
-      v1::ExchangeResponse response;
       status = shard.Exchange(request, &response, absl::Now());
-      changes_nothing_on_error = false;
       break;
     }
     case 3: {  // a raw TableConfig
@@ -197,7 +232,24 @@ void RunOne(Shard& shard, FuzzedDataProvider& in) {
       request.set_step(in.ConsumeBool() ? in.ConsumeIntegral<int64_t>()
                                         : in.ConsumeIntegralInRange<int64_t>(-1, 8));
       v1::PushResponse response;
-      status = shard.Push(request, &response);
+      // Half the pushes hand their gradients over in pieces.
+      std::vector<std::string> moved;
+      std::vector<std::vector<absl::string_view>> pieces;
+      std::vector<const std::vector<absl::string_view>*> in_place;
+      if (in.ConsumeBool()) {
+        for (auto& t : *request.mutable_tables()) moved.push_back(std::move(*t.mutable_gradients()));
+        for (auto& t : *request.mutable_tables()) t.clear_gradients();
+        for (const std::string& bytes : moved) {
+          pieces.emplace_back();
+          size_t at = 0;
+          for (size_t len : Cuts(in, bytes.size())) {
+            pieces.back().push_back(absl::string_view(bytes).substr(at, len));
+            at += len;
+          }
+        }
+        for (const auto& p : pieces) in_place.push_back(p.empty() && in.ConsumeBool() ? nullptr : &p);
+      }
+      status = shard.Push(request, &response, in_place);
       if (status.ok() && !response.duplicate() && response.tables_size() != request.tables_size()) {
         Fail("push answer", std::to_string(response.tables_size()) + " tables for " +
                                 std::to_string(request.tables_size()));
@@ -245,7 +297,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.shard_index = 0;
   options.shard_count = fuzz::kShards;
   options.max_keys_per_request = 64;
-  options.max_message_bytes = 2048;
+  options.max_message_bytes = 16 * 1024;  // a lookup of many wide rows is refused
   options.max_tables = 5;
   options.max_rows = 200;
   Shard shard(options);
