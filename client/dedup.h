@@ -9,7 +9,9 @@
 // where absl::flat_hash_map (whose clear() also walks the whole table) took
 // 90; in the trainer, beside everything else in the cache, the gain is
 // smaller (about 12% -> 10% of the trainer's CPU samples). bench/dedup_bench
-// measures it on the reference keys: 6.6-8.6 ns per key added. A branch-free
+// measures it on the reference keys: 6.6-8.6 ns per key added, then 5.6-5.8
+// once Add made room for all its keys up front instead of checking the load
+// before every key (6.4 before, alternated in one session). A branch-free
 // Add (probe, then write the slot unconditionally) and hashing all keys in a
 // pass of their own measured the same, so the simple loop stays.
 #pragma once
@@ -34,8 +36,12 @@ class KeyDeduplicator {
   }
   // Appends one inverse index per key to `inverse`.
   void Add(absl::Span<const uint64_t> keys, std::vector<uint32_t>* inverse) {
-    inverse->reserve(inverse->size() + keys.size());
-    for (uint64_t k : keys) inverse->push_back(IndexOf(k));
+    // Room for every key to be new, up front: the loop then never checks.
+    while (2 * (unique_.size() + keys.size()) > slots_.size()) Grow();
+    const size_t first = inverse->size();
+    inverse->resize(first + keys.size());
+    uint32_t* out = inverse->data() + first;
+    for (uint64_t k : keys) *out++ = IndexOf(k);
   }
   const std::vector<uint64_t>& unique() const { return unique_; }
 
@@ -46,8 +52,8 @@ class KeyDeduplicator {
     uint32_t generation = 0;  // the slot is used iff == generation_
   };
 
+  // The table has room for one more key (Add made it).
   uint32_t IndexOf(uint64_t key) {
-    if (2 * (unique_.size() + 1) > slots_.size()) Grow();
     for (size_t i = Mix64(key) & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.generation != generation_) {
