@@ -1,5 +1,6 @@
 #include "server/embedding_service.h"
 
+#include <atomic>
 #include <memory>
 
 #include <google/protobuf/descriptor.h>
@@ -83,8 +84,10 @@ absl::Duration StreamExchangeTimeout(const grpc::ServerContextBase* context) {
 std::shared_ptr<v1::ExchangeResponse> FreeResponse(
     std::vector<std::shared_ptr<v1::ExchangeResponse>>* pool) {
   for (std::shared_ptr<v1::ExchangeResponse>& r : *pool) {
-    // Only this pool can add owners, so 1 stays 1.
+    // Only this pool can add owners, so 1 stays 1. The fence orders the
+    // last owner's release (gRPC done with the bytes) before the Clear.
     if (r.use_count() == 1) {
+      std::atomic_thread_fence(std::memory_order_acquire);
       r->Clear();
       return r;
     }
@@ -313,8 +316,8 @@ grpc::ServerUnaryReactor* EmbeddingCallbackService::Exchange(grpc::CallbackServe
 
 // One stream: read an exchange, run it, write its answer, read the next.
 // Only one operation is outstanding at a time, so the request is reused (its
-// buffers keep their capacity from step to step); each answer leaves with
-// the bytes sent, which point into it.
+// buffers keep their capacity from step to step); each answer's bytes point
+// into it until gRPC has sent them.
 class EmbeddingCallbackService::StreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -345,12 +348,11 @@ class EmbeddingCallbackService::StreamReactor final
       Finish(ToGrpcStatus(ticket.status()));
       return;
     }
-    service_->RunExchange(&received_.message(), received_.gradient_pieces(), &response_, deadline,
-                          [this, ticket = *std::move(ticket)](const absl::Status& status) {
+    response_ = FreeResponse(&responses_);
+    service_->RunExchange(&received_.message(), received_.gradient_pieces(), response_.get(),
+                          deadline, [this, ticket = *std::move(ticket)](const absl::Status& status) {
       if (status.ok()) {
-        auto sent = std::make_shared<v1::ExchangeResponse>();
-        sent->Swap(&response_);
-        out_ = SerializeAliased(std::move(sent));
+        out_ = SerializeAliased(std::move(response_));
         StartWrite(&out_);
       } else {
         Finish(ToGrpcStatus(status));
@@ -376,7 +378,10 @@ class EmbeddingCallbackService::StreamReactor final
   const absl::Duration timeout_;
   grpc::ByteBuffer in_;
   ReceivedExchange received_;
-  v1::ExchangeResponse response_;
+  // The answers take turns as on the sync server (FreeResponse): a new one
+  // per step would allocate every table entry and rows buffer afresh.
+  std::vector<std::shared_ptr<v1::ExchangeResponse>> responses_;
+  std::shared_ptr<v1::ExchangeResponse> response_;  // the exchange running
   grpc::ByteBuffer out_;
 };
 
