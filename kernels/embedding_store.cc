@@ -175,8 +175,8 @@ absl::Status EmbeddingStore::ValidateGradients(absl::Span<const uint64_t> keys, 
   size_t first_bad_row = keys.size();
   for (size_t i = 0, k; i < keys.size(); i = k) {
     const uint8_t* run = grads.row(i, row_bytes);
-    for (k = i + 1; k < keys.size() && grads.row(k, row_bytes) == run + (k - i) * row_bytes; ++k) {
-    }
+    k = grads.packed() != nullptr ? keys.size() : i + 1;
+    while (k < keys.size() && grads.row(k, row_bytes) == run + (k - i) * row_bytes) ++k;
     if (!AllFinite(run, grad_dtype, (k - i) * dim)) {
       first_bad_row = i;
       break;
