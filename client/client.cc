@@ -1,13 +1,13 @@
 #include "ember/client.h"
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
+#include <optional>
 #include <random>
 #include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/call_driver.h"
 #include "client/exchange_stream.h"
 #include "client/request_plan.h"
 #include "common/aliased_serialize.h"
@@ -52,30 +52,6 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// Counts down the calls of one attempt round; callbacks run on gRPC threads.
-class Latch {
- public:
-  explicit Latch(int count) : count_(count) {}
-  void CountDown() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--count_ == 0) cv_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return count_ == 0; });
-  }
-  // False if `deadline` passed first.
-  bool WaitUntil(absl::Time deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return count_ == 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int count_;
-};
-
 }  // namespace
 
 class Client::Impl {
@@ -83,9 +59,10 @@ class Client::Impl {
   ClientOptions options;
   std::vector<std::unique_ptr<v1::EmbeddingService::Stub>> embedding;
   std::vector<std::unique_ptr<v1::AdminService::Stub>> admin;
-  // Per shard: open exchange streams, and whether the shard lacks
-  // ExchangeStream (an older server: Exchange then goes unary).
-  std::vector<std::unique_ptr<ExchangeStreamPool>> streams;
+  // Open exchange streams, one per shard in each session, and per shard
+  // whether it lacks ExchangeStream (an older server: Exchange then goes
+  // unary).
+  std::unique_ptr<ExchangeSessionPool> sessions;
   std::unique_ptr<std::atomic<bool>[]> unary_only;
   std::atomic<uint64_t> rpcs{0}, retries{0}, failures{0};
 
@@ -117,18 +94,37 @@ class Client::Impl {
     return status;
   }
 
+  // CallShards' `issue` for the unary method `prepare` of `stubs`' service,
+  // e.g. Unary(admin, &v1::AdminService::Stub::PrepareAsyncListTables).
+  template <typename Stub, typename Req, typename Resp>
+  static auto Unary(const std::vector<std::unique_ptr<Stub>>& stubs,
+                    std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> (Stub::*prepare)(
+                        grpc::ClientContext*, const Req&, grpc::CompletionQueue*)) {
+    return [&stubs, prepare](CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
+                             const Req* req, Resp* resp, std::function<void(grpc::Status)> done) {
+      StartUnary(driver, (stubs[shard].get()->*prepare)(ctx, *req, driver->cq()), resp,
+                 std::move(done));
+    };
+  }
+
   // Sends requests[i] to every shard i with active[i], in parallel, each
   // attempt with its own deadline; retries UNAVAILABLE ones with backoff
-  // while the retry budget lasts. `issue(shard, context, request, response,
-  // done)` starts one asynchronous call; if it returns a canceller (calls on
-  // a stream, whose deadline gRPC does not enforce per message), that is
-  // run for calls still open at the deadline. Every attempt goes to the metrics
-  // (if any) and, when `calls` is given, is appended to it.
+  // while the retry budget lasts. `issue(driver, shard, context, request,
+  // response, done)` starts one asynchronous call on `driver` (StartUnary,
+  // or a stream's Send); if it returns a canceller (calls on a stream, whose
+  // deadline gRPC does not enforce per message), that is run for calls
+  // still open at the deadline. The calling thread drives the calls: their
+  // completions run on it (`driver`, or one of its own when null). Every
+  // attempt goes to the metrics (if any) and, when `calls` is given, is
+  // appended to it.
   template <typename Req, typename Resp, typename IssueFn>
   absl::Status CallShards(absl::string_view method, absl::Span<const Req> requests,
                           const std::vector<bool>& active, std::vector<Resp>* responses,
                           absl::Duration timeout, IssueFn issue,
-                          std::vector<ShardCall>* calls = nullptr) {
+                          std::vector<ShardCall>* calls = nullptr,
+                          CallDriver* driver = nullptr) {
+    std::optional<CallDriver> own_driver;
+    if (driver == nullptr) driver = &own_driver.emplace();
     const uint32_t n = static_cast<uint32_t>(requests.size());
     responses->resize(n);
     std::vector<uint32_t> pending;
@@ -144,7 +140,7 @@ class Client::Impl {
       std::vector<absl::Time> starts(pending.size()), ends(pending.size());
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(pending.size());
       std::vector<std::function<void()>> cancels(pending.size());
-      Latch latch(static_cast<int>(pending.size()));
+      size_t open = pending.size();
       const absl::Time deadline = absl::Now() + timeout;
       for (size_t j = 0; j < pending.size(); ++j) {
         const uint32_t shard = pending[j];
@@ -155,26 +151,28 @@ class Client::Impl {
         ++rpcs;
         if (attempt > 0) ++retries;
         starts[j] = absl::Now();
-        auto done = [&statuses, &ends, &latch, j](grpc::Status s) {
+        auto done = [&statuses, &ends, &open, j](grpc::Status s) {
           ends[j] = absl::Now();
           statuses[j] = std::move(s);
-          latch.CountDown();
+          --open;
         };
-        using Issued = decltype(issue(shard, contexts[j].get(), &requests[shard],
+        using Issued = decltype(issue(driver, shard, contexts[j].get(), &requests[shard],
                                       &(*responses)[shard], std::move(done)));
         if constexpr (std::is_void_v<Issued>) {
-          issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard], std::move(done));
+          issue(driver, shard, contexts[j].get(), &requests[shard], &(*responses)[shard],
+                std::move(done));
         } else {
-          cancels[j] =
-              issue(shard, contexts[j].get(), &requests[shard], &(*responses)[shard], std::move(done));
+          cancels[j] = issue(driver, shard, contexts[j].get(), &requests[shard],
+                             &(*responses)[shard], std::move(done));
         }
       }
-      if (!latch.WaitUntil(deadline)) {
+      const auto all_ended = [&open] { return open == 0; };
+      if (!driver->Drive(deadline, all_ended)) {
         for (const auto& cancel : cancels) {
           if (cancel) cancel();
         }
       }
-      latch.Wait();
+      driver->Drive(absl::InfiniteFuture(), all_ended);
       for (size_t j = 0; j < pending.size(); ++j) {
         const auto code = static_cast<absl::StatusCode>(statuses[j].error_code());
         if (options.metrics != nullptr) {
@@ -221,10 +219,7 @@ class Client::Impl {
     std::vector<v1::ListTablesRequest> requests(admin.size());
     return CallShards(
         "ListTables", absl::MakeConstSpan(requests), active, responses, options.rpc_timeout,
-        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ListTablesRequest* req,
-            v1::ListTablesResponse* resp, std::function<void(grpc::Status)> done) {
-          admin[shard]->async()->ListTables(ctx, req, resp, std::move(done));
-        });
+        Unary(admin, &v1::AdminService::Stub::PrepareAsyncListTables));
   }
 };
 
@@ -236,10 +231,12 @@ absl::Status Client::Impl::ShardInfos(absl::Duration timeout, bool wait_for_read
   std::vector<v1::GetShardInfoRequest> requests(options.shards.size());
   return CallShards(
       "GetShardInfo", absl::MakeConstSpan(requests), All(), infos, timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::GetShardInfoRequest* req,
-          v1::GetShardInfoResponse* resp, std::function<void(grpc::Status)> done) {
+      [&, get = Unary(admin, &v1::AdminService::Stub::PrepareAsyncGetShardInfo)](
+          CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
+          const v1::GetShardInfoRequest* req, v1::GetShardInfoResponse* resp,
+          std::function<void(grpc::Status)> done) {
         ctx->set_wait_for_ready(wait_for_ready);
-        admin[shard]->async()->GetShardInfo(ctx, req, resp, std::move(done));
+        get(driver, shard, ctx, req, resp, std::move(done));
       });
 }
 
@@ -258,13 +255,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                          MakeChannelCredentials(options.tls, &args));
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const std::string& address : options.shards) {
-    auto channel = grpc::CreateCustomChannel(address, credentials, args);
-    impl->embedding.push_back(v1::EmbeddingService::NewStub(channel));
-    impl->admin.push_back(v1::AdminService::NewStub(channel));
-    impl->streams.push_back(
-        std::make_unique<ExchangeStreamPool>(channel, options.rpc_timeout, options.auth_token));
+    channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
+    impl->embedding.push_back(v1::EmbeddingService::NewStub(channels.back()));
+    impl->admin.push_back(v1::AdminService::NewStub(channels.back()));
   }
+  impl->sessions =
+      std::make_unique<ExchangeSessionPool>(channels, options.rpc_timeout, options.auth_token);
   impl->unary_only = std::make_unique<std::atomic<bool>[]>(options.shards.size());
   std::vector<v1::GetShardInfoResponse> infos;
   // wait_for_ready: a shard may still be starting. A refused TLS handshake
@@ -309,10 +307,7 @@ absl::Status Client::CreateTable(const v1::TableConfig& config) {
   return impl_->CallShards(
       "CreateTable", absl::MakeConstSpan(requests), impl_->All(), &responses,
       impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::CreateTableRequest* req,
-          v1::CreateTableResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->admin[shard]->async()->CreateTable(ctx, req, resp, std::move(done));
-      });
+      impl_->Unary(impl_->admin, &v1::AdminService::Stub::PrepareAsyncCreateTable));
 }
 
 absl::StatusOr<std::vector<v1::TableInfo>> Client::ListTables() {
@@ -355,10 +350,7 @@ absl::Status Client::Lookup(absl::Span<const v1::LookupRequest> requests,
   }
   return impl_->CallShards(
       "Lookup", requests, active, responses, impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::LookupRequest* req,
-          v1::LookupResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->embedding[shard]->async()->Lookup(ctx, req, resp, std::move(done));
-      });
+      impl_->Unary(impl_->embedding, &v1::EmbeddingService::Stub::PrepareAsyncLookup));
 }
 
 absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
@@ -370,10 +362,7 @@ absl::Status Client::Push(absl::Span<const v1::PushRequest> requests,
   }
   return impl_->CallShards(
       "Push", requests, impl_->All(), responses, impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::PushRequest* req,
-          v1::PushResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->embedding[shard]->async()->Push(ctx, req, resp, std::move(done));
-      });
+      impl_->Unary(impl_->embedding, &v1::EmbeddingService::Stub::PrepareAsyncPush));
 }
 
 // Both Exchange overloads: requests[i] to shard i; `bytes(i)` serialises
@@ -391,45 +380,49 @@ absl::Status Client::Impl::Exchange(absl::Span<const v1::ExchangeRequest* const>
   for (uint32_t i = 0; i < shards; ++i) {
     active[i] = requests[i]->has_push() || requests[i]->has_lookup();
   }
+  auto unary = [exchange = Unary(embedding, &v1::EmbeddingService::Stub::PrepareAsyncExchange)](
+                   CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
+                   const v1::ExchangeRequest* req, ExchangeAnswer* resp,
+                   std::function<void(grpc::Status)> done) {
+    exchange(driver, shard, ctx, req, resp->mutable_message(), std::move(done));
+  };
   if (!options.exchange_streams) {
     return CallShards(
         "Exchange", requests, active, responses, options.rpc_timeout,
-        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* const* req,
-            ExchangeAnswer* resp, std::function<void(grpc::Status)> done) {
-          embedding[shard]->async()->Exchange(ctx, *req, resp->mutable_message(), std::move(done));
+        [&](CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
+            const v1::ExchangeRequest* const* req, ExchangeAnswer* resp,
+            std::function<void(grpc::Status)> done) {
+          unary(driver, shard, ctx, *req, resp, std::move(done));
         },
         calls);
   }
-  // Streams are held by this call until every attempt has ended, so that a
-  // canceller never reaches a stream another caller took from the pool.
-  std::vector<std::pair<uint32_t, std::unique_ptr<ExchangeStream>>> held;
+  // The session is this call's until every attempt has ended, so that a
+  // canceller never reaches a stream another caller is using.
+  std::unique_ptr<ExchangeSession> session = sessions->Acquire();
   absl::Status status = CallShards(
       "Exchange", requests, active, responses, options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::ExchangeRequest* const* req,
-          ExchangeAnswer* resp,
+      [&](CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
+          const v1::ExchangeRequest* const* req, ExchangeAnswer* resp,
           std::function<void(grpc::Status)> done) -> std::function<void()> {
-        auto unary = [this, shard, ctx, req = *req, resp](std::function<void(grpc::Status)> done) {
-          embedding[shard]->async()->Exchange(ctx, req, resp->mutable_message(), std::move(done));
-        };
         if (unary_only[shard].load()) {
-          unary(std::move(done));
+          unary(driver, shard, ctx, *req, resp, std::move(done));
           return nullptr;
         }
-        held.emplace_back(shard, streams[shard]->Acquire());
-        ExchangeStream* stream = held.back().second.get();
+        ExchangeStream* stream = session->Stream(shard);
         stream->Send(bytes(shard), resp,
-                     [this, shard, stream, unary, done = std::move(done)](grpc::Status s) mutable {
+                     [&unary, driver, shard, ctx, req = *req, resp, stream, this,
+                      done = std::move(done)](grpc::Status s) mutable {
                        if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && !stream->answered()) {
                          unary_only[shard] = true;  // a shard from before streams
-                         unary(std::move(done));
+                         unary(driver, shard, ctx, req, resp, std::move(done));
                          return;
                        }
                        done(std::move(s));
                      });
         return [stream] { stream->CancelForDeadline(); };
       },
-      calls);
-  for (auto& [shard, stream] : held) streams[shard]->Release(std::move(stream));
+      calls, session->driver());
+  sessions->Release(std::move(session));
   return status;
 }
 
@@ -480,10 +473,7 @@ absl::Status Client::RegisterWorker(uint32_t worker_id, int64_t first_step) {
   return impl_->CallShards(
       "RegisterWorker", absl::MakeConstSpan(requests), impl_->All(), &responses,
       impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::RegisterWorkerRequest* req,
-          v1::RegisterWorkerResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->embedding[shard]->async()->RegisterWorker(ctx, req, resp, std::move(done));
-      });
+      impl_->Unary(impl_->embedding, &v1::EmbeddingService::Stub::PrepareAsyncRegisterWorker));
 }
 
 absl::Status Client::UnregisterWorker(uint32_t worker_id) {
@@ -493,10 +483,7 @@ absl::Status Client::UnregisterWorker(uint32_t worker_id) {
   return impl_->CallShards(
       "UnregisterWorker", absl::MakeConstSpan(requests), impl_->All(), &responses,
       impl_->options.rpc_timeout,
-      [&](uint32_t shard, grpc::ClientContext* ctx, const v1::UnregisterWorkerRequest* req,
-          v1::UnregisterWorkerResponse* resp, std::function<void(grpc::Status)> done) {
-        impl_->embedding[shard]->async()->UnregisterWorker(ctx, req, resp, std::move(done));
-      });
+      impl_->Unary(impl_->embedding, &v1::EmbeddingService::Stub::PrepareAsyncUnregisterWorker));
 }
 
 absl::StatusOr<std::vector<v1::GetShardInfoResponse>> Client::ShardInfos() {
@@ -532,10 +519,7 @@ absl::StatusOr<ClusterCheckpoint> Client::Checkpoint(const CheckpointOptions& op
     }
     absl::Status s = impl_->CallShards(
         "Checkpoint", absl::MakeConstSpan(requests), impl_->All(), &out.shards, options.timeout,
-        [&](uint32_t shard, grpc::ClientContext* ctx, const v1::CheckpointRequest* req,
-            v1::CheckpointResponse* resp, std::function<void(grpc::Status)> done) {
-          impl_->admin[shard]->async()->Checkpoint(ctx, req, resp, std::move(done));
-        });
+        impl_->Unary(impl_->admin, &v1::AdminService::Stub::PrepareAsyncCheckpoint));
     const bool passed = absl::IsFailedPrecondition(s) &&
                         absl::StrContains(s.message(), "has already pushed step");
     if (s.ok() || !passed || options.step.has_value() || attempt + 1 == kTries) {

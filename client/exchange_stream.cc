@@ -5,173 +5,137 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "ember/v1/embedding_service.grpc.pb.h"
 
 namespace ember {
 
-// A hold keeps gRPC from finishing the stream (OnDone) while it is idle, so
-// that Send never races with its end: a stream whose shard went away fails
-// the next exchange's read, and only then is the hold removed and the
-// stream's status delivered.
-ExchangeStream::ExchangeStream(grpc::GenericStub* stub, absl::Duration exchange_timeout,
-                               const std::string& auth_token) {
+ExchangeStream::ExchangeStream(grpc::GenericStub* stub, CallDriver* driver,
+                               absl::Duration exchange_timeout, const std::string& auth_token)
+    : stub_(stub), driver_(driver) {
   if (!auth_token.empty()) context_.AddMetadata("authorization", "Bearer " + auth_token);
   if (exchange_timeout < absl::InfiniteDuration()) {
     context_.AddMetadata(kExchangeTimeoutMetadata,
                          std::to_string(absl::ToInt64Milliseconds(exchange_timeout)));
   }
-  static const std::string* const kMethod =
-      new std::string(absl::StrCat("/", v1::EmbeddingService::service_full_name(), "/ExchangeStream"));
-  stub->PrepareBidiStreamingCall(&context_, *kMethod, grpc::StubOptions(), this);
-  AddHold();
-  StartCall();
 }
 
 ExchangeStream::~ExchangeStream() {
+  if (call_ == nullptr || finished_) return;
+  if (!finishing_) {
+    // Idle and healthy: close our side; the shard ends the stream with OK.
+    call_->WritesDone(driver_->Expect([](bool) {}));
+    Finish();
+  }
   constexpr absl::Duration kGrace = absl::Seconds(1);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!hold_removed_) {  // still held: close our side, then let it finish
-    lock.unlock();
-    StartWritesDone();
-    RemoveHold();
-    lock.lock();
-  }
-  if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(kGrace), [this] { return finished_; })) {
+  if (!driver_->Drive(absl::Now() + kGrace, [this] { return finished_; })) {
     context_.TryCancel();
-    cv_.wait(lock, [this] { return finished_; });
   }
+  // Every operation of this stream has to complete before it is freed.
+  driver_->Drive(absl::InfiniteFuture(), [this] { return driver_->outstanding() == 0; });
 }
 
 void ExchangeStream::Send(grpc::ByteBuffer request, ExchangeAnswer* response,
                           std::function<void(grpc::Status)> done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = std::move(done);
-    pending_ = 2;
-  }
+  done_ = std::move(done);
   request_ = std::move(request);
   response_ = response;
-  // The write goes first. A read started first on a broken stream can fail at
-  // once; OnReadDone then removes the hold, gRPC ends the call and frees its
-  // state, and a StartWrite issued after that touches freed memory (found
-  // under ASan by the kill-and-restart pipeline test). An outstanding write
-  // keeps the call alive until the read is started.
-  StartWrite(&request_);
-  StartRead(&answer_);
+  pending_ = 2;
+  if (call_ == nullptr) {
+    static const std::string* const kMethod = new std::string(
+        absl::StrCat("/", v1::EmbeddingService::service_full_name(), "/ExchangeStream"));
+    // Corked: the stream's metadata goes out with the first request, and
+    // StartCall performs no operation of its own (it would use the one
+    // write slot the first Write needs: two writes in flight abort gRPC).
+    context_.set_initial_metadata_corked(true);
+    call_ = stub_->PrepareCall(&context_, *kMethod, driver_->cq());
+    call_->StartCall(nullptr);
+  }
+  call_->Write(request_, driver_->Expect([this](bool ok) {
+    request_.Clear();  // gRPC holds what it still needs of it
+    broken_ |= !ok;
+    OperationDone();
+  }));
+  call_->Read(&answer_, driver_->Expect([this](bool ok) {
+    if (ok) {
+      malformed_ = !response_->Parse(&answer_);
+      answered_ = true;
+    }
+    broken_ |= !ok;
+    OperationDone();
+  }));
 }
 
 void ExchangeStream::CancelForDeadline() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_ == nullptr) return;
-    deadline_cancel_ = true;
-  }
+  if (done_ == nullptr) return;
+  deadline_cancel_ = true;
   context_.TryCancel();
 }
 
-bool ExchangeStream::finished() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return finished_ || hold_removed_;
-}
-
-bool ExchangeStream::answered() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return answered_;
-}
-
-void ExchangeStream::OnWriteDone(bool ok) {
-  request_.Clear();  // gRPC holds what it still needs of it
-  if (!ok) {
-    std::lock_guard<std::mutex> lock(mu_);
-    write_failed_ = true;  // the read fails too, or has its answer already
-  }
-  OperationDone();
-}
-
-void ExchangeStream::OnReadDone(bool ok) {
-  if (ok) {
-    const bool parsed = response_->Parse(&answer_);
-    std::lock_guard<std::mutex> lock(mu_);
-    answered_ = true;
-    malformed_ = !parsed;
-  } else {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      hold_removed_ = true;
-    }
-    RemoveHold();  // the stream's status comes with OnDone, which runs `done`
+void ExchangeStream::OperationDone() {
+  if (--pending_ > 0) return;
+  if (malformed_) context_.TryCancel();  // the shard would wait for our next request
+  if (broken_ || malformed_) {
+    Finish();  // `done` runs with the stream's status
     return;
   }
-  OperationDone();
+  std::function<void(grpc::Status)> done = std::move(done_);
+  done_ = nullptr;
+  done(grpc::Status::OK);
 }
 
-void ExchangeStream::OperationDone() {
-  std::function<void(grpc::Status)> done;
-  bool broken = false;
-  bool malformed = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ > 0 || hold_removed_) return;  // failed: OnDone runs `done`
-    done = std::move(done_);
-    done_ = nullptr;
-    malformed = malformed_;
-    broken = write_failed_ || malformed;
-    if (broken) hold_removed_ = true;  // finished for the pool; OnDone follows
-  }
-  if (malformed) context_.TryCancel();  // the shard would wait for our next request
-  if (broken) RemoveHold();
-  done(malformed ? grpc::Status(grpc::StatusCode::INTERNAL,
-                                "the shard's answer on the exchange stream is not an "
-                                "ExchangeResponse")
-                 : grpc::Status::OK);
-}
-
-void ExchangeStream::OnDone(const grpc::Status& status) {
-  std::function<void(grpc::Status)> done;
-  grpc::Status result = status;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+void ExchangeStream::Finish() {
+  finishing_ = true;
+  call_->Finish(&status_, driver_->Expect([this](bool) {
     finished_ = true;
-    done = std::move(done_);
+    std::function<void(grpc::Status)> done = std::move(done_);
     done_ = nullptr;
-    if (deadline_cancel_) {
-      result = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                            "Deadline Exceeded (no answer on the exchange stream in time)");
-    } else if (status.ok() && done != nullptr) {
+    if (done == nullptr) return;  // closing an idle stream
+    if (malformed_) {
+      done(grpc::Status(grpc::StatusCode::INTERNAL,
+                        "the shard's answer on the exchange stream is not an ExchangeResponse"));
+    } else if (deadline_cancel_) {
+      done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "Deadline Exceeded (no answer on the exchange stream in time)"));
+    } else if (status_.ok()) {
       // The shard ended the stream without answering (it is shutting down).
-      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the shard closed the exchange stream");
+      done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the shard closed the exchange stream"));
+    } else {
+      done(status_);
     }
-    // Under the lock: once it is released the destructor may free *this.
-    cv_.notify_all();
-  }
-  if (done != nullptr) done(std::move(result));
+  }));
 }
 
-std::unique_ptr<ExchangeStream> ExchangeStreamPool::Acquire() {
-  std::vector<std::unique_ptr<ExchangeStream>> finished;
-  std::unique_ptr<ExchangeStream> stream;
+ExchangeStream* ExchangeSession::Stream(uint32_t shard) {
+  std::unique_ptr<ExchangeStream>& stream = streams_[shard];
+  if (stream == nullptr || stream->finished()) {
+    stream.reset();  // a finished stream has no operation left
+    stream = std::make_unique<ExchangeStream>((*stubs_)[shard].get(), &driver_,
+                                              exchange_timeout_, *auth_token_);
+  }
+  return stream.get();
+}
+
+ExchangeSessionPool::ExchangeSessionPool(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                                         absl::Duration exchange_timeout, std::string auth_token)
+    : exchange_timeout_(exchange_timeout), auth_token_(std::move(auth_token)) {
+  for (const auto& channel : channels) stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
+}
+
+std::unique_ptr<ExchangeSession> ExchangeSessionPool::Acquire() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (!idle_.empty() && stream == nullptr) {
-      std::unique_ptr<ExchangeStream> s = std::move(idle_.back());
+    if (!idle_.empty()) {
+      std::unique_ptr<ExchangeSession> session = std::move(idle_.back());
       idle_.pop_back();
-      if (s->finished()) {
-        finished.push_back(std::move(s));
-      } else {
-        stream = std::move(s);
-      }
+      return session;
     }
   }
-  finished.clear();  // closes them outside the lock
-  if (stream == nullptr) {
-    stream = std::make_unique<ExchangeStream>(&stub_, exchange_timeout_, auth_token_);
-  }
-  return stream;
+  return std::make_unique<ExchangeSession>(&stubs_, exchange_timeout_, &auth_token_);
 }
 
-void ExchangeStreamPool::Release(std::unique_ptr<ExchangeStream> stream) {
-  if (stream->finished()) return;  // closed here, by its destructor
+void ExchangeSessionPool::Release(std::unique_ptr<ExchangeSession> session) {
   std::lock_guard<std::mutex> lock(mu_);
-  idle_.push_back(std::move(stream));
+  idle_.push_back(std::move(session));
 }
 
 }  // namespace ember

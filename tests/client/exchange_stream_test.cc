@@ -1,17 +1,20 @@
 // Client::Exchange over EmbeddingService.ExchangeStream against real
 // ember-server processes: many steps share one stream per shard, rows come
 // out bit-identical to unary exchanges, a failed exchange ends only its own
-// stream, a deadline is enforced per exchange, and closing the client closes
-// its streams. Bytes on the stream that do not parse fail the exchange on
-// either side (a stand-in peer plays a shard that answers garbage). The
-// shards' own counters (ember_exchange_streams_*) say how
-// many streams were opened.
+// stream, a deadline is enforced per exchange, closing the client closes its
+// streams, and no call runs on gRPC's callback threads. Bytes on the stream
+// that do not parse fail the exchange on either side (a stand-in peer plays
+// a shard that answers garbage). The shards' own counters
+// (ember_exchange_streams_*) say how many streams were opened.
 #include <cstring>
-#include <future>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/call_driver.h"
 #include "client/exchange_stream.h"
 #include "common/aliased_serialize.h"
 #include "client/request_plan.h"
@@ -49,19 +52,28 @@ grpc::ByteBuffer NotAMessage() {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// Drives `driver` until `ended` is set, or for at most 20 s (then the
+// exchange is cancelled and UNKNOWN returned).
+grpc::Status AwaitExchange(CallDriver* driver, ExchangeStream* stream,
+                           std::optional<grpc::Status>* ended) {
+  if (driver->Drive(absl::Now() + absl::Seconds(20), [&] { return ended->has_value(); })) {
+    return **ended;
+  }
+  stream->CancelForDeadline();
+  driver->Drive(absl::InfiniteFuture(), [&] { return ended->has_value(); });
+  return grpc::Status(grpc::StatusCode::UNKNOWN, "the exchange did not end in 20 s");
+}
+
 // Sends `bytes` as one exchange on a new stream to `address` and returns how
 // the exchange ended (UNKNOWN if it had not ended after 20 s).
 grpc::Status SendRaw(const std::string& address, grpc::ByteBuffer bytes) {
-  std::promise<grpc::Status> ended;  // outlives the stream, whose end may set it
   grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  CallDriver driver;  // before the stream, which drives it as it closes
   ExchangeAnswer response;
-  ExchangeStream stream(&stub, absl::Seconds(10), "");
-  stream.Send(std::move(bytes), &response, [&](grpc::Status s) { ended.set_value(s); });
-  std::future<grpc::Status> f = ended.get_future();
-  if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
-    return grpc::Status(grpc::StatusCode::UNKNOWN, "the exchange did not end in 20 s");
-  }
-  return f.get();
+  std::optional<grpc::Status> ended;
+  ExchangeStream stream(&stub, &driver, absl::Seconds(10), "");
+  stream.Send(std::move(bytes), &response, [&](grpc::Status s) { ended = std::move(s); });
+  return AwaitExchange(&driver, &stream, &ended);
 }
 
 class ExchangeStreamTest : public ::testing::Test {
@@ -293,26 +305,21 @@ class GarbageAnsweringPeer final : public grpc::CallbackGenericService {
 TEST(ExchangeStreamPeerTest, AnAnswerThatIsNotAResponseFailsTheExchangeWithInternalAndEndsTheStream) {
   GarbageAnsweringPeer peer;
   ASSERT_TRUE(peer.started());
-  std::promise<grpc::Status> ended;
   grpc::GenericStub stub(grpc::CreateChannel(peer.address(), grpc::InsecureChannelCredentials()));
   v1::ExchangeRequest request;
   AddLookup(request.mutable_lookup(), "t", {1});
+  CallDriver driver;
   ExchangeAnswer response;
-  ExchangeStream stream(&stub, absl::Seconds(10), "");
-  stream.Send(SerializeCopied(request), &response, [&](grpc::Status s) { ended.set_value(s); });
-  std::future<grpc::Status> f = ended.get_future();
-  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-  const grpc::Status s = f.get();
+  std::optional<grpc::Status> ended;
+  ExchangeStream stream(&stub, &driver, absl::Seconds(10), "");
+  stream.Send(SerializeCopied(request), &response, [&](grpc::Status s) { ended = std::move(s); });
+  const grpc::Status s = AwaitExchange(&driver, &stream, &ended);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
   EXPECT_TRUE(absl::StrContains(s.error_message(), "is not an ExchangeResponse"))
       << s.error_message();
-  // The stream is cancelled, so that the pool drops it instead of reusing it.
-  bool finished = false;
-  for (int i = 0; i < 200 && !finished; ++i) {
-    finished = stream.finished();
-    if (!finished) absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_TRUE(finished);
+  // The stream is cancelled and over, so that its session replaces it
+  // instead of reusing it.
+  EXPECT_TRUE(stream.finished());
 }
 
 // The answer can arrive before gRPC reports the request written; the next
@@ -391,6 +398,37 @@ TEST_F(ExchangeStreamTest, AnExchangeWaitingPastTheRpcTimeoutFailsWithDeadlineEx
   ASSERT_OK(client->UnregisterWorker(2));
   ASSERT_OK(client->Exchange(StepRequests("s", 0), &responses));
   ASSERT_OK(client->UnregisterWorker(1));
+}
+
+// The names of this process's threads.
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  return names;
+}
+
+// gRPC 1.51 runs callback-API completions on "nexting_thread"s, which then
+// also poll the sockets: each answer would wake one of them and then the
+// waiting caller (docs/client.md, "Calls driven by the waiting thread").
+// The client library drives every call from the caller's thread instead.
+TEST_F(ExchangeStreamTest, TheClientRunsNoGrpcCallbackThreads) {
+  std::unique_ptr<Client> client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->CreateTable(AdagradTable("s", kDim)));
+  ASSERT_OK(client->RegisterWorker(1, 0));
+  std::vector<v1::ExchangeResponse> responses;
+  for (int t = 0; t < 5; ++t) ASSERT_OK(client->Exchange(StepRequests("s", t), &responses));
+  ASSERT_OK(client->LookupRows("s", OwnedKeys(0, kShards, 8)).status());
+  ASSERT_OK(client->StoredRows("s").status());
+  ASSERT_OK(client->UnregisterWorker(1));
+  const std::vector<std::string> names = ThreadNames();
+  EXPECT_GT(names.size(), 1u);  // gRPC's own timer threads at least
+  for (const std::string& name : names) EXPECT_NE(name, "nexting_thread");
 }
 
 TEST_F(ExchangeStreamTest, ClosingTheClientClosesItsStreamsOnEveryShard) {
