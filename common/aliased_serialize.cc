@@ -105,6 +105,14 @@ grpc::ByteBuffer SerializeAliased(std::shared_ptr<const Message> message) {
 
 grpc::ByteBuffer SerializeCopied(const Message& message) { return Serialize(message, nullptr); }
 
+std::string FlattenByteBuffer(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (!buffer.Dump(&slices).ok()) return bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes;
+}
+
 bool ParseAndClear(grpc::ByteBuffer* buffer, Message* message) {
   bool parsed;
   {

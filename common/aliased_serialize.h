@@ -47,6 +47,10 @@ grpc::ByteBuffer SerializeAliased(std::shared_ptr<const google::protobuf::Messag
 // what gRPC's generated code does. The buffer does not refer to `message`.
 grpc::ByteBuffer SerializeCopied(const google::protobuf::Message& message);
 
+// All of `buffer`'s bytes, copied into one string: for small messages
+// (health checks) and tests. Empty if gRPC cannot read the buffer.
+std::string FlattenByteBuffer(const grpc::ByteBuffer& buffer);
+
 // Parses `buffer` into `message` (replacing its contents), then empties
 // `buffer`. False if the bytes are not a valid `message`.
 bool ParseAndClear(grpc::ByteBuffer* buffer, google::protobuf::Message* message);

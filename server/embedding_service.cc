@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include <google/protobuf/descriptor.h>
 #include <grpcpp/support/method_handler.h>
@@ -187,33 +188,104 @@ EmbeddingServiceImpl::EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics,
 
 grpc::Status EmbeddingServiceImpl::ExchangeStreamRaw(
     grpc::ServerContext* context, grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
-  EMBER_AUTHORIZE_SYNC(*context, "ExchangeStream");
-  const OpenStream open(metrics_);
-  const absl::Duration timeout = StreamExchangeTimeout(context);
-  // The request is reused from step to step (its buffers keep their
-  // capacity), and so are the responses: an answer's slices point into its
-  // response until gRPC has sent them, which can be after Write returns, so
-  // a few take turns (a new one is made only when all are still held).
-  grpc::ByteBuffer in;
-  ReceivedExchange received;
-  const v1::ExchangeRequest& request = received.message();
-  std::vector<std::shared_ptr<v1::ExchangeResponse>> responses;
+  ServedExchanges served(*this, context, "ExchangeStream");
+  if (grpc::Status s = served.Open(); !s.ok()) return s;
+  grpc::ByteBuffer in, out;
   while (stream->Read(&in)) {
-    if (!received.Parse(&in)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kNotAnExchangeRequest);
-    }
-    const absl::Time deadline = std::min(Deadline(context), absl::Now() + timeout);
-    EMBER_ADMIT_SYNC(ticket, *context, received.wire_bytes(), "ExchangeStream");
-    std::shared_ptr<v1::ExchangeResponse> response = FreeResponse(&responses);
-    grpc::Status status = Measured(ShardMetrics::Rpc::kExchange, [&] {
-      return shard_->Exchange(request, response.get(), deadline, received.gradient_pieces());
-    });
-    if (!status.ok()) return status;
-    if (!stream->Write(SerializeAliased(response))) {
+    if (grpc::Status s = served.Receive(&in); !s.ok()) return s;
+    if (grpc::Status s = served.Push(); !s.ok()) return s;
+    if (grpc::Status s = served.Answer(&out); !s.ok()) return s;
+    if (!stream->Write(out)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
     }
   }
   return grpc::Status::OK;
+}
+
+// The request is reused from message to message (its buffers keep their
+// capacity), and so are the responses: an answer's slices point into its
+// response until gRPC has sent them, which can be after Write returns, so a
+// few take turns (a new one is made only when all are still held).
+struct ServedExchanges::State {
+  State(const EmbeddingServiceImpl& service, const grpc::ServerContextBase* context,
+        const char* rpc)
+      : shard(service.shard_), metrics(service.metrics_), auth(service.auth_),
+        inflight(service.inflight_), context(context), rpc(rpc),
+        timeout(StreamExchangeTimeout(context)) {}
+  Shard* shard;
+  ShardMetrics* metrics;
+  const TokenAuth* auth;
+  InflightLimit* inflight;
+  const grpc::ServerContextBase* context;
+  const char* rpc;
+  const absl::Duration timeout;
+  std::optional<OpenStream> open;  // streams only
+  ReceivedExchange received;
+  std::vector<std::shared_ptr<v1::ExchangeResponse>> responses;
+  std::shared_ptr<v1::ExchangeResponse> response;  // of the message in progress
+  Ticket ticket;  // the message's in-flight bytes, until the next one
+  absl::Time start;  // of the message's Push
+
+  grpc::Status Record(const absl::Status& status) const {
+    if (metrics != nullptr) {
+      metrics->RecordCall(ShardMetrics::Rpc::kExchange, status.code(),
+                          absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    return ToGrpcStatus(status);
+  }
+};
+
+ServedExchanges::ServedExchanges(const EmbeddingServiceImpl& service,
+                                 const grpc::ServerContextBase* context, const char* rpc)
+    : state_(std::make_unique<State>(service, context, rpc)) {}
+
+ServedExchanges::~ServedExchanges() = default;
+
+grpc::Status ServedExchanges::Open() {
+  if (Expired(state_->context)) return kExpired;
+  if (absl::Status s = Authorize(state_->auth, *state_->context, Role::kTrainer, state_->rpc);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (absl::string_view(state_->rpc) == "ExchangeStream") state_->open.emplace(state_->metrics);
+  return grpc::Status::OK;
+}
+
+grpc::Status ServedExchanges::Receive(grpc::ByteBuffer* in) {
+  state_->ticket.reset();
+  if (!state_->received.Parse(in)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        state_->open ? kNotAnExchangeRequest
+                                     : "Exchange: the request is not an ExchangeRequest");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ServedExchanges::Push() {
+  State& st = *state_;
+  absl::StatusOr<Ticket> ticket = Admit(st.inflight, *st.context, st.received.wire_bytes(), st.rpc);
+  if (!ticket.ok()) return ToGrpcStatus(ticket.status());
+  st.ticket = *std::move(ticket);
+  st.start = absl::Now();
+  st.response = FreeResponse(&st.responses);
+  const absl::Status pushed =
+      st.shard->ExchangePush(st.received.message(), st.response.get(), st.received.gradient_pieces());
+  return pushed.ok() ? grpc::Status::OK : st.Record(pushed);
+}
+
+bool ServedExchanges::MayWait() const {
+  const v1::ExchangeRequest& request = state_->received.message();
+  return request.has_lookup() && state_->shard->MayWait(request.lookup());
+}
+
+grpc::Status ServedExchanges::Answer(grpc::ByteBuffer* out) {
+  State& st = *state_;
+  const absl::Time deadline = std::min(Deadline(st.context), st.start + st.timeout);
+  const grpc::Status status =
+      st.Record(st.shard->ExchangeLookup(st.received.message(), st.response.get(), deadline));
+  if (status.ok()) *out = SerializeAliased(std::move(st.response));
+  st.response.reset();
+  return status;
 }
 
 grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext* context,

@@ -15,6 +15,48 @@
 
 namespace ember {
 
+// Exchanges as the shard serves them from their bytes, whichever thread
+// runs each half: Open once per call, then per message Receive, Push (which
+// never waits: it runs where the message was read, since a lookup waiting
+// elsewhere may need it), then Answer (the lookup, which may wait for the
+// SSP clock when MayWait). The sync server runs the halves in its stream
+// loop; the async server (server/async_service.h) runs Answer on its pool
+// when it may wait, for streams and for unary Exchange calls (one message).
+// The gradients are read where they arrived (ReceivedExchange) and the rows
+// sent as their own slices (SerializeAliased).
+//
+// Thread safety: none; one step at a time. `context` must outlive it.
+class ServedExchanges {
+ public:
+  // `rpc`: "ExchangeStream" or "Exchange", for authorization, limits and
+  // errors. The service's shard must outlive it.
+  ServedExchanges(const class EmbeddingServiceImpl& service,
+                  const grpc::ServerContextBase* context, const char* rpc);
+  ~ServedExchanges();
+  ServedExchanges(const ServedExchanges&) = delete;
+  ServedExchanges& operator=(const ServedExchanges&) = delete;
+
+  // The call's deadline (not passed in queue) and authorization; not OK
+  // ends the call with it.
+  grpc::Status Open();
+  // Reads one message (and empties `in`); INVALID_ARGUMENT if it is not an
+  // ExchangeRequest.
+  grpc::Status Receive(grpc::ByteBuffer* in);
+  // Admits the received message (in-flight bytes) and applies its push. Not
+  // OK ends the call with it (and counts it in the metrics).
+  grpc::Status Push();
+  // Whether Answer may block waiting for slower workers (SSP); after Push.
+  bool MayWait() const;
+  // Runs the lookup, counts the exchange in the metrics, and serialises the
+  // answer into `out`, whose slices point into a response of this object
+  // until gRPC has sent them. Not OK ends the call with it.
+  grpc::Status Answer(grpc::ByteBuffer* out);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
  public:
   // `shard`, `metrics` (null: none), `auth` (null: no authentication) and
@@ -36,6 +78,7 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
                                 v1::UnregisterWorkerResponse* response) override;
 
  private:
+  friend class ServedExchanges;
   // ExchangeStream, taken raw (the constructor installs it in place of the
   // generated handler): its messages are parsed here and its answers
   // serialised by SerializeAliased (common/aliased_serialize.h), as on the

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/aliased_serialize.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
@@ -60,11 +61,7 @@ absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                         absl::StrCat(what, ": ", status.error_message()));
   }
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (response.Dump(&slices).ok()) {
-    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
+  const std::string bytes = FlattenByteBuffer(response);
   // Field 1 (status), varint: 0x08 then the value; absent means UNKNOWN (0).
   int value = 0;
   if (bytes.size() == 2 && bytes[0] == 0x08) {

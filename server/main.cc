@@ -15,13 +15,20 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one and prints it.");
 ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index, 0 <= shard_index < shard_count.");
 ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, worker_threads, 4,
-          "gRPC threads polling for requests; more start while all are busy (--rpc_mode=sync). "
-          "With the callback API: the threads for lookups that wait for the SSP clock.");
-ABSL_FLAG(std::string, rpc_mode, "sync",
-          "How embedding calls run: sync (gRPC's synchronous API, a polling thread per call), "
+          "--rpc_mode=async and callback: the threads for calls that may block (lookups that "
+          "wait for the SSP clock; async: admin calls). --rpc_mode=sync: gRPC threads polling "
+          "for requests; more start while all are busy.");
+ABSL_FLAG(std::string, rpc_mode, "async",
+          "How calls run: async (the default: gRPC's async API, each call on the completion "
+          "thread that read it, calls that may block on the worker_threads pool; fewest "
+          "thread hand-offs per message; no reflection service), sync (gRPC's synchronous "
+          "API, a polling thread per call; serves reflection), "
           "callback (gRPC's callback API, on the thread that completed the call; a lookup "
           "that may wait for the SSP clock goes to the worker_threads pool), callback_pool "
           "(callback API, every lookup on the pool).");
+ABSL_FLAG(int, completion_threads, 1,
+          "--rpc_mode=async: threads each polling a completion queue and running its calls; 1 "
+          "hands off least, more serve many trainers in parallel.");
 ABSL_FLAG(std::string, table_config_file, "",
           "Optional text-format ember.v1.TableConfigList created at start-up.");
 ABSL_FLAG(uint64_t, max_keys_per_request, uint64_t{8} << 20,
@@ -81,6 +88,7 @@ int main(int argc, char** argv) {
   options.address = absl::GetFlag(FLAGS_address);
   options.port = absl::GetFlag(FLAGS_port);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  options.completion_threads = absl::GetFlag(FLAGS_completion_threads);
   const std::string rpc_mode = absl::GetFlag(FLAGS_rpc_mode);
   if (rpc_mode == "sync") {
     options.rpc_mode = ember::ServerOptions::RpcMode::kSync;
@@ -88,8 +96,10 @@ int main(int argc, char** argv) {
     options.rpc_mode = ember::ServerOptions::RpcMode::kCallback;
   } else if (rpc_mode == "callback_pool") {
     options.rpc_mode = ember::ServerOptions::RpcMode::kCallbackPool;
+  } else if (rpc_mode == "async") {
+    options.rpc_mode = ember::ServerOptions::RpcMode::kAsync;
   } else {
-    std::fprintf(stderr, "ember-server: --rpc_mode: expected sync, callback or callback_pool, "
+    std::fprintf(stderr, "ember-server: --rpc_mode: expected sync, callback, callback_pool or async, "
                  "received '%s'\n", rpc_mode.c_str());
     return 2;
   }

@@ -10,6 +10,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/admin_service.h"
+#include "server/async_service.h"
 #include "server/embedding_service.h"
 #include "spdlog/spdlog.h"
 
@@ -19,9 +20,14 @@ struct Server::Services {
   Services(const ServerOptions& options, Shard* shard, ShardMetrics* metrics,
            Checkpointer* checkpointer, const TokenAuth* auth, InflightLimit* inflight)
       : admin(shard, checkpointer, auth) {
-    if (options.rpc_mode == ServerOptions::RpcMode::kSync) {
+    if (options.rpc_mode == ServerOptions::RpcMode::kSync ||
+        options.rpc_mode == ServerOptions::RpcMode::kAsync) {
       embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics, auth, inflight);
-    } else {
+    }
+    if (options.rpc_mode == ServerOptions::RpcMode::kAsync) {
+      async = std::make_unique<AsyncServices>(embedding_sync.get(), &admin, shard,
+                                              options.worker_threads);
+    } else if (options.rpc_mode != ServerOptions::RpcMode::kSync) {
       embedding_callback = std::make_unique<EmbeddingCallbackService>(
           shard, metrics, options.worker_threads,
           options.rpc_mode == ServerOptions::RpcMode::kCallbackPool, auth, inflight);
@@ -34,6 +40,9 @@ struct Server::Services {
   std::unique_ptr<EmbeddingServiceImpl> embedding_sync;
   std::unique_ptr<EmbeddingCallbackService> embedding_callback;
   AdminServiceImpl admin;
+  // kAsync: serves both services with the handlers above (which are then
+  // not registered themselves).
+  std::unique_ptr<AsyncServices> async;
 };
 
 absl::Status ServerOptions::Validate() const {
@@ -43,6 +52,10 @@ absl::Status ServerOptions::Validate() const {
   if (worker_threads < 1 || worker_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker_threads: expected 1..1024, received ", worker_threads));
+  }
+  if (completion_threads < 1 || completion_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("completion_threads: expected 1..1024, received ", completion_threads));
   }
   if (address.empty()) return absl::InvalidArgumentError("address: expected a host, received ''");
   if (metrics_port < -1 || metrics_port > 65535 || (metrics_port == port && port != 0)) {
@@ -134,8 +147,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // gRPC sets SO_REUSEPORT by default: a second shard started on a taken
   // port would then bind too, and the two would share its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(server->services_->embedding());
-  builder.RegisterService(&server->services_->admin);
+  AsyncServices* async = server->services_->async.get();
+  if (async != nullptr) {
+    async->Register(&builder, options.completion_threads);
+  } else {
+    builder.RegisterService(server->services_->embedding());
+    builder.RegisterService(&server->services_->admin);
+  }
   const int max_bytes = static_cast<int>(
       std::min<uint64_t>(options.shard.max_message_bytes, std::numeric_limits<int>::max()));
   builder.SetMaxReceiveMessageSize(max_bytes);
@@ -153,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         "cannot listen on ", target, ": port ", options.port,
         " is in use (or the address is not this machine's)"));
   }
+  if (async != nullptr) async->Start();
   // Health by name too: probes and load balancers ask for a service.
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
@@ -196,6 +215,8 @@ void Server::Shutdown(absl::Duration grace) {
   if (!grpc_server_) return;
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  // The async API's queues are shut down only after the server is.
+  if (services_->async) std::call_once(async_stopped_, [this] { services_->async->Stop(); });
 }
 
 void Server::Wait() {

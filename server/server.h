@@ -33,13 +33,20 @@ struct ServerOptions {
   // gRPC threads polling for requests (gRPC starts more while all are busy);
   // with the callback API, the threads of the pool for lookups that may wait.
   int worker_threads = 4;
-  // How EmbeddingService calls run (server/embedding_service.h):
+  // How calls run (server/embedding_service.h, server/async_service.h):
   //   kSync: gRPC's synchronous API, each call on a polling thread;
   //   kCallback: gRPC's callback API, each call on the thread that completed
   //     it, and a lookup that may wait for the clock on a pool;
-  //   kCallbackPool: the callback API with every lookup on the pool.
-  enum class RpcMode { kSync, kCallback, kCallbackPool };
-  RpcMode rpc_mode = RpcMode::kSync;
+  //   kCallbackPool: the callback API with every lookup on the pool;
+  //   kAsync: gRPC's async API, each call on the completion thread that
+  //     read it and only calls that may block on the worker_threads pool;
+  //     no reflection service (server/async_service.h).
+  enum class RpcMode { kSync, kCallback, kCallbackPool, kAsync };
+  RpcMode rpc_mode = RpcMode::kAsync;
+  // kAsync: threads that each poll a completion queue and run its calls.
+  // One is the fewest thread hand-offs per message; more serve many
+  // trainers' streams in parallel.
+  int completion_threads = 1;
   // Optional: protobuf text file with an ember.v1.TableConfigList whose
   // tables are created at start-up.
   std::string table_config_file;
@@ -107,6 +114,7 @@ class Server {
   std::condition_variable maintenance_cv_;
   bool stopping_ = false;
   std::once_flag maintenance_stopped_;
+  std::once_flag async_stopped_;
 };
 
 }  // namespace ember

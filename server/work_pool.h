@@ -18,25 +18,36 @@ class WorkPool {
   explicit WorkPool(int threads) {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
   }
-  // Runs every closure already posted, then joins the threads.
-  ~WorkPool() {
+  ~WorkPool() { Stop(); }
+  WorkPool(const WorkPool&) = delete;
+  WorkPool& operator=(const WorkPool&) = delete;
+
+  // Runs every closure already posted, then joins the threads. Idempotent;
+  // not concurrent with itself.
+  void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
     for (std::thread& t : threads_) t.join();
+    threads_.clear();
   }
-  WorkPool(const WorkPool&) = delete;
-  WorkPool& operator=(const WorkPool&) = delete;
 
-  // Thread-safe.
+  // Thread-safe. After Stop, `work` runs on the caller's thread.
   void Post(std::function<void()> work) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(work));
+      if (!stopping_) {
+        queue_.push_back(std::move(work));
+        work = nullptr;
+      }
     }
-    cv_.notify_one();
+    if (work) {
+      work();
+    } else {
+      cv_.notify_one();
+    }
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -51,6 +52,19 @@ inline absl::Span<uint8_t> MutableBytes(std::vector<float>& v) {
 // written by one while another reads it.
 inline std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name);
+}
+
+// The names of the threads of process `pid` (0: this one), from /proc.
+inline std::vector<std::string> ThreadNames(pid_t pid = 0) {
+  std::vector<std::string> names;
+  const std::string tasks = pid == 0 ? "/proc/self/task" : absl::StrCat("/proc/", pid, "/task");
+  for (const auto& entry : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  return names;
 }
 
 // Runs `args` (each single-quoted, so no quotes inside) through the shell,

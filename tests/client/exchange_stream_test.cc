@@ -7,8 +7,6 @@
 // a shard that answers garbage). The shards' own counters
 // (ember_exchange_streams_*) say how many streams were opened.
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <sstream>
 
@@ -216,10 +214,10 @@ TEST_F(ExchangeStreamTest, ANullHandedOverRequestIsRefusedNamingItsIndex) {
 }
 
 // What gRPC's generated handler did with such a message (INTERNAL) would
-// blame the shard; both servers parse the stream themselves and blame the
+// blame the shard; every server mode parses the stream itself and blames the
 // request.
-TEST_F(ExchangeStreamTest, AShardOfEitherModeAnswersAStreamMessageThatIsNotARequestWithInvalidArgument) {
-  for (const char* mode : {"--rpc_mode=sync", "--rpc_mode=callback"}) {
+TEST_F(ExchangeStreamTest, AShardOfEveryModeAnswersAStreamMessageThatIsNotARequestWithInvalidArgument) {
+  for (const char* mode : {"--rpc_mode=sync", "--rpc_mode=callback", "--rpc_mode=async"}) {
     SCOPED_TRACE(mode);
     absl::StatusOr<Cluster> cluster = StartCluster(1, {mode});
     ASSERT_OK(cluster);
@@ -243,7 +241,8 @@ TEST_F(ExchangeStreamTest, AShardOfEitherModeAnswersAStreamMessageThatIsNotARequ
   }
 }
 
-// The suite's shards: sync, or callback in the callback/ run of the suite.
+// The suite's shards: async (the default), or sync or callback in the sync/
+// and callback/ runs of the suite.
 TEST_F(ExchangeStreamTest, AShardFailsAStreamMessageThatIsNotARequestAndServesOn) {
   const grpc::Status s = SendRaw(shards_[0]->address(), NotAMessage());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
@@ -398,18 +397,6 @@ TEST_F(ExchangeStreamTest, AnExchangeWaitingPastTheRpcTimeoutFailsWithDeadlineEx
   ASSERT_OK(client->UnregisterWorker(2));
   ASSERT_OK(client->Exchange(StepRequests("s", 0), &responses));
   ASSERT_OK(client->UnregisterWorker(1));
-}
-
-// The names of this process's threads.
-std::vector<std::string> ThreadNames() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(entry.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    names.push_back(name);
-  }
-  return names;
 }
 
 // gRPC 1.51 runs callback-API completions on "nexting_thread"s, which then

@@ -19,14 +19,6 @@ std::string Bytes(size_t n, int seed) {
   return s;
 }
 
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string all;
-  for (const grpc::Slice& s : slices) all.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return all;
-}
-
 std::vector<grpc::Slice> Slices(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
@@ -81,7 +73,7 @@ TEST(AliasedSerializeTest, BytesAreExactlyProtobufsOwn) {
     const std::string expected = m->SerializeAsString();
     const grpc::ByteBuffer buffer = SerializeAliased(m);
     EXPECT_EQ(buffer.Length(), expected.size());
-    EXPECT_TRUE(Flatten(buffer) == expected) << m->ShortDebugString().substr(0, 300);
+    EXPECT_TRUE(FlattenByteBuffer(buffer) == expected) << m->ShortDebugString().substr(0, 300);
   }
 }
 
@@ -113,7 +105,7 @@ TEST(AliasedSerializeTest, TheMessageLivesUntilGrpcReleasesItsLastSlice) {
     *buffer = SerializeAliased(std::move(m));
   }
   ASSERT_FALSE(watch.expired());  // the buffer holds it
-  const std::string bytes = Flatten(*buffer);
+  const std::string bytes = FlattenByteBuffer(*buffer);
   EXPECT_EQ(bytes.size(), watch.lock()->ByteSizeLong());
   buffer.reset();
   EXPECT_TRUE(watch.expired());
@@ -129,7 +121,7 @@ TEST(AliasedSerializeTest, CopiedBytesAreProtobufsOwnInOneSliceThatOutlivesTheMe
     const std::vector<grpc::Slice> slices = Slices(buffer);
     EXPECT_EQ(slices.size(), 1u);
     for (const grpc::Slice& s : slices) EXPECT_NE(reinterpret_cast<uintptr_t>(s.begin()), grads);
-    EXPECT_TRUE(Flatten(buffer) == expected);
+    EXPECT_TRUE(FlattenByteBuffer(buffer) == expected);
   }
 }
 
