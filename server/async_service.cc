@@ -1,8 +1,10 @@
 #include "server/async_service.h"
 
+#include <atomic>
 #include <optional>
 #include <string>
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/completion_queue.h>
 #include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -49,37 +51,81 @@ struct UnaryMethod {
   WorkPool* pool;
 };
 
+// What the call types share: their state, and work done on the pool.
+//
+// Every gRPC operation of a call starts on its completion queue's thread;
+// the pool only computes an answer, then hands the call back to that thread
+// through an alarm. The state is stored (release) before each operation
+// starts and loaded (acquire) when it comes back, so the thread that takes
+// the next step sees everything written before, through our own atomics
+// rather than gRPC's internal locks (which ThreadSanitizer cannot see).
+template <typename State>
+class Call : public Tag {
+ protected:
+  explicit Call(State first) : state_(first) {}
+  State state() const { return state_.load(std::memory_order_acquire); }
+  // Call right before starting the operation whose completion is `this`.
+  void Next(State s) { state_.store(s, std::memory_order_release); }
+  // Runs `work` on `pool`; the call then proceeds in state `resume` on
+  // `cq`'s thread.
+  void OnPoolThenResume(WorkPool* pool, grpc::ServerCompletionQueue* cq, State resume,
+                        std::function<void()> work) {
+    pool->Post([this, cq, resume, work = std::move(work)] {
+      work();
+      alarm_.emplace();
+      Next(resume);
+      alarm_->Set(cq, gpr_now(GPR_CLOCK_MONOTONIC), this);
+    });
+  }
+
+ private:
+  std::atomic<State> state_;
+  std::optional<grpc::Alarm> alarm_;  // only for work on the pool
+};
+
+enum class UnaryState { kAsked, kAnswered, kFinishing };
+
 // One unary call, from asking for it to its answer being sent. Deletes
 // itself when done.
 template <typename Service, typename Request, typename Response>
-class UnaryCall final : public Tag {
+class UnaryCall final : public Call<UnaryState> {
  public:
   using Method = UnaryMethod<Service, Request, Response>;
 
   // Asks gRPC for the method's next call on `cq`.
   UnaryCall(const Method* method, grpc::ServerCompletionQueue* cq)
-      : method_(method), cq_(cq), responder_(&context_) {
+      : Call(UnaryState::kAsked), method_(method), cq_(cq), responder_(&context_) {
     (method->service->*method->request)(&context_, &request_, &responder_, cq, cq, this);
   }
 
   void Proceed(bool ok) override {
-    if (answered_ || !ok) {  // the answer went out, or the server is shutting down
-      delete this;
-      return;
-    }
-    new UnaryCall(method_, cq_);  // the next call of this method
-    if (method_->may_block && method_->may_block(request_)) {
-      method_->pool->Post([this] { Answer(); });
-    } else {
-      Answer();
+    switch (state()) {
+      case UnaryState::kAsked:
+        if (!ok) {  // the server is shutting down
+          delete this;
+          return;
+        }
+        new UnaryCall(method_, cq_);  // the next call of this method
+        if (method_->may_block && method_->may_block(request_)) {
+          OnPoolThenResume(method_->pool, cq_, UnaryState::kAnswered, [this] { Answer(); });
+        } else {
+          Answer();
+          Finish();
+        }
+        return;
+      case UnaryState::kAnswered:
+        return Finish();
+      case UnaryState::kFinishing:
+        delete this;
+        return;
     }
   }
 
  private:
-  void Answer() {
-    answered_ = true;
-    const grpc::Status status = method_->handle(&context_, &request_, &response_);
-    responder_.Finish(response_, status, this);
+  void Answer() { status_ = method_->handle(&context_, &request_, &response_); }
+  void Finish() {
+    Next(UnaryState::kFinishing);
+    responder_.Finish(response_, status_, this);
   }
 
   const Method* method_;
@@ -87,24 +133,27 @@ class UnaryCall final : public Tag {
   grpc::ServerContext context_;
   Request request_;
   Response response_;
+  grpc::Status status_;
   grpc::ServerAsyncResponseWriter<Response> responder_;
-  bool answered_ = false;
 };
+
+enum class StreamState { kAsked, kReading, kAnswered, kWriting, kFinishing };
 
 // One exchange stream: read a message, apply its push, answer its lookup
 // (on the pool if it may wait for the SSP clock), write the answer, read the
 // next; one operation outstanding at a time. Deletes itself when done.
-class StreamCall final : public Tag {
+class StreamCall final : public Call<StreamState> {
  public:
   StreamCall(AsyncServices::Embedding* service, EmbeddingServiceImpl* impl, WorkPool* pool,
              grpc::ServerCompletionQueue* cq)
-      : service_(service), impl_(impl), pool_(pool), cq_(cq), stream_(&context_) {
+      : Call(StreamState::kAsked), service_(service), impl_(impl), pool_(pool), cq_(cq),
+        stream_(&context_) {
     service->RequestExchangeStream(&context_, &stream_, cq, cq, this);
   }
 
   void Proceed(bool ok) override {
-    switch (state_) {
-      case State::kAsked:
+    switch (state()) {
+      case StreamState::kAsked:
         if (!ok) {  // the server is shutting down
           delete this;
           return;
@@ -113,40 +162,41 @@ class StreamCall final : public Tag {
         served_.emplace(*impl_, &context_, "ExchangeStream");
         if (grpc::Status s = served_->Open(); !s.ok()) return Finish(s);
         return Read();
-      case State::kReading:
+      case StreamState::kReading:
         if (!ok) return Finish(grpc::Status::OK);  // the client closed its side, or went away
         if (grpc::Status s = served_->Receive(&in_); !s.ok()) return Finish(s);
         if (grpc::Status s = served_->Push(); !s.ok()) return Finish(s);
         if (served_->MayWait()) {
-          pool_->Post([this] { Answer(); });
-        } else {
-          Answer();
+          OnPoolThenResume(pool_, cq_, StreamState::kAnswered, [this] { Answer(); });
+          return;
         }
-        return;
-      case State::kWriting:
+        Answer();
+        return Write();
+      case StreamState::kAnswered:
+        return Write();
+      case StreamState::kWriting:
         if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
         out_.Clear();
         return Read();
-      case State::kFinishing:
+      case StreamState::kFinishing:
         delete this;
         return;
     }
   }
 
  private:
-  enum class State { kAsked, kReading, kWriting, kFinishing };
-
   void Read() {
-    state_ = State::kReading;
+    Next(StreamState::kReading);
     stream_.Read(&in_, this);
   }
-  void Answer() {
-    if (grpc::Status s = served_->Answer(&out_); !s.ok()) return Finish(s);
-    state_ = State::kWriting;
+  void Answer() { status_ = served_->Answer(&out_); }
+  void Write() {
+    if (!status_.ok()) return Finish(status_);
+    Next(StreamState::kWriting);
     stream_.Write(out_, this);
   }
   void Finish(const grpc::Status& status) {
-    state_ = State::kFinishing;
+    Next(StreamState::kFinishing);
     stream_.Finish(status, this);
   }
 
@@ -156,47 +206,57 @@ class StreamCall final : public Tag {
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
-  State state_ = State::kAsked;
   std::optional<ServedExchanges> served_;
   grpc::ByteBuffer in_, out_;
+  grpc::Status status_;  // of the answer in `out_`
 };
 
 // One unary Exchange, taken raw: the same halves as a stream's message.
 // Deletes itself when done.
-class ExchangeCall final : public Tag {
+class ExchangeCall final : public Call<UnaryState> {
  public:
   ExchangeCall(AsyncServices::Embedding* service, EmbeddingServiceImpl* impl, WorkPool* pool,
                grpc::ServerCompletionQueue* cq)
-      : service_(service), impl_(impl), pool_(pool), cq_(cq), responder_(&context_) {
+      : Call(UnaryState::kAsked), service_(service), impl_(impl), pool_(pool), cq_(cq),
+        responder_(&context_) {
     service->RequestExchange(&context_, &in_, &responder_, cq, cq, this);
   }
 
   void Proceed(bool ok) override {
-    if (answered_ || !ok) {  // the answer went out, or the server is shutting down
-      delete this;
-      return;
-    }
-    new ExchangeCall(service_, impl_, pool_, cq_);
-    served_.emplace(*impl_, &context_, "Exchange");
-    grpc::Status s = served_->Open();
-    if (s.ok()) s = served_->Receive(&in_);
-    if (s.ok()) s = served_->Push();
-    if (!s.ok()) return Finish(s);
-    if (served_->MayWait()) {
-      pool_->Post([this] { Answer(); });
-    } else {
-      Answer();
+    switch (state()) {
+      case UnaryState::kAsked: {
+        if (!ok) {  // the server is shutting down
+          delete this;
+          return;
+        }
+        new ExchangeCall(service_, impl_, pool_, cq_);
+        served_.emplace(*impl_, &context_, "Exchange");
+        status_ = served_->Open();
+        if (status_.ok()) status_ = served_->Receive(&in_);
+        if (status_.ok()) status_ = served_->Push();
+        if (status_.ok() && served_->MayWait()) {
+          OnPoolThenResume(pool_, cq_, UnaryState::kAnswered, [this] { Answer(); });
+          return;
+        }
+        if (status_.ok()) Answer();
+        return Finish();
+      }
+      case UnaryState::kAnswered:
+        return Finish();
+      case UnaryState::kFinishing:
+        delete this;
+        return;
     }
   }
 
  private:
-  void Answer() { Finish(served_->Answer(&out_)); }
-  void Finish(const grpc::Status& status) {
-    answered_ = true;
-    if (status.ok()) {
-      responder_.Finish(out_, status, this);
+  void Answer() { status_ = served_->Answer(&out_); }
+  void Finish() {
+    Next(UnaryState::kFinishing);
+    if (status_.ok()) {
+      responder_.Finish(out_, status_, this);
     } else {
-      responder_.FinishWithError(status, this);
+      responder_.FinishWithError(status_, this);
     }
   }
 
@@ -208,7 +268,7 @@ class ExchangeCall final : public Tag {
   grpc::ByteBuffer in_, out_;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder_;
   std::optional<ServedExchanges> served_;
-  bool answered_ = false;
+  grpc::Status status_;
 };
 
 // A call to a method that no service above registered: the health check,

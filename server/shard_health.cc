@@ -31,18 +31,18 @@ bool ParseService(const std::string& bytes, std::string* service) {
 ShardHealth::ShardHealth() { serving_[""] = true; }
 
 void ShardHealth::SetServingStatus(const std::string& service_name, bool serving) {
-  absl::MutexLock lock(&mu_);
+  WriterLock lock(&mu_);
   if (!shut_down_) serving_[service_name] = serving;
 }
 
 void ShardHealth::SetServingStatus(bool serving) {
-  absl::MutexLock lock(&mu_);
+  WriterLock lock(&mu_);
   if (shut_down_) return;
   for (auto& [name, status] : serving_) status = serving;
 }
 
 void ShardHealth::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  WriterLock lock(&mu_);
   for (auto& [name, status] : serving_) status = false;
   shut_down_ = true;
 }
@@ -56,7 +56,7 @@ grpc::Status ShardHealth::Check(const grpc::ByteBuffer& request,
   }
   bool serving;
   {
-    absl::MutexLock lock(&mu_);
+    ReaderLock lock(&mu_);
     const auto it = serving_.find(service);
     if (it == serving_.end()) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,

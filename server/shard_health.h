@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "common/rw_mutex.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
@@ -39,7 +39,7 @@ class ShardHealth final : public grpc::HealthCheckServiceInterface {
   grpc::Status Check(const grpc::ByteBuffer& request, grpc::ByteBuffer* response) const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable RwMutex mu_;
   absl::flat_hash_map<std::string, bool> serving_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };

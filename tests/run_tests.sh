@@ -3,7 +3,8 @@
 # virtual environment in .venv), builds, runs every CTest test (unit,
 # integration with real ember-server processes, the Python package's pytest
 # suites; GPU tests skip without a GPU), then the concurrency tests again under ThreadSanitizer (metrics,
-# store stress, shard and SSP, and the client against real shards), and the store,
+# store stress, shard and SSP, the client against real shards, and the
+# integration suites against a TSan-built shard), and the store,
 # shard, server and client tests under AddressSanitizer + UBSan, then each
 # libFuzzer target for a bounded time (tests/fuzz/run_fuzzers.sh).
 #   bash tests/run_tests.sh          # everything
@@ -18,9 +19,9 @@ bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
-  echo "== ThreadSanitizer: metrics, store, shard, SSP and client concurrency tests"
+  echo "== ThreadSanitizer: metrics, store, shard, SSP, client and shard-process concurrency tests"
   EMBER_BUILD_DIR=build-tsan \
-    EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test exchange_stream_test" \
+    EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test exchange_stream_test ember-server" \
     scripts/build.sh -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/common_test --gtest_filter='Metrics*:-*Death*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
@@ -33,6 +34,13 @@ if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
     build-tsan/tests/client_integration_test
   TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
     build-tsan/tests/exchange_stream_test
+  # The shard under TSan (its async server's completion thread and pool):
+  # the regular integration suites against a TSan-built ember-server, whose
+  # first report ends it (and so fails the test).
+  export EMBER_SERVER_BIN="$PWD/build-tsan/server/ember-server"
+  for suite in server_integration_test exchange_stream_test client_integration_test; do
+    TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" build/tests/$suite
+  done
   unset EMBER_SERVER_BIN
 fi
 if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
