@@ -16,7 +16,9 @@
 #include <grpcpp/support/async_unary_call.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/shard_health.h"
+#include "spdlog/spdlog.h"
 
 namespace ember {
 namespace {
@@ -48,7 +50,7 @@ struct UnaryMethod {
   RequestFn request;
   Handler handle;
   std::function<bool(const Request&)> may_block;  // null: never
-  WorkPool* pool;
+  AsyncServices::Offload* offload;
 };
 
 // What the call types share: their state, and work done on the pool.
@@ -61,16 +63,23 @@ struct UnaryMethod {
 // rather than gRPC's internal locks (which ThreadSanitizer cannot see).
 template <typename State>
 class Call : public Tag {
+ public:
+  ~Call() override {
+    if (offloaded_ != nullptr) offloaded_->fetch_sub(1, std::memory_order_release);
+  }
+
  protected:
   explicit Call(State first) : state_(first) {}
   State state() const { return state_.load(std::memory_order_acquire); }
   // Call right before starting the operation whose completion is `this`.
   void Next(State s) { state_.store(s, std::memory_order_release); }
-  // Runs `work` on `pool`; the call then proceeds in state `resume` on
-  // `cq`'s thread.
-  void OnPoolThenResume(WorkPool* pool, grpc::ServerCompletionQueue* cq, State resume,
-                        std::function<void()> work) {
-    pool->Post([this, cq, resume, work = std::move(work)] {
+  // Runs `work` on the pool; the call then proceeds in state `resume` on
+  // `cq`'s thread. Counted in `offload` until it is deleted.
+  void OnPoolThenResume(AsyncServices::Offload* offload, grpc::ServerCompletionQueue* cq,
+                        State resume, std::function<void()> work) {
+    offloaded_ = &offload->calls;
+    offloaded_->fetch_add(1, std::memory_order_relaxed);
+    offload->pool.Post([this, cq, resume, work = std::move(work)] {
       work();
       alarm_.emplace();
       Next(resume);
@@ -81,6 +90,7 @@ class Call : public Tag {
  private:
   std::atomic<State> state_;
   std::optional<grpc::Alarm> alarm_;  // only for work on the pool
+  std::atomic<int>* offloaded_ = nullptr;
 };
 
 enum class UnaryState { kAsked, kAnswered, kFinishing };
@@ -107,7 +117,7 @@ class UnaryCall final : public Call<UnaryState> {
         }
         new UnaryCall(method_, cq_);  // the next call of this method
         if (method_->may_block && method_->may_block(request_)) {
-          OnPoolThenResume(method_->pool, cq_, UnaryState::kAnswered, [this] { Answer(); });
+          OnPoolThenResume(method_->offload, cq_, UnaryState::kAnswered, [this] { Answer(); });
         } else {
           Answer();
           Finish();
@@ -144,9 +154,9 @@ enum class StreamState { kAsked, kReading, kAnswered, kWriting, kFinishing };
 // next; one operation outstanding at a time. Deletes itself when done.
 class StreamCall final : public Call<StreamState> {
  public:
-  StreamCall(AsyncServices::Embedding* service, EmbeddingServiceImpl* impl, WorkPool* pool,
-             grpc::ServerCompletionQueue* cq)
-      : Call(StreamState::kAsked), service_(service), impl_(impl), pool_(pool), cq_(cq),
+  StreamCall(AsyncServices::Embedding* service, EmbeddingServiceImpl* impl,
+             AsyncServices::Offload* offload, grpc::ServerCompletionQueue* cq)
+      : Call(StreamState::kAsked), service_(service), impl_(impl), offload_(offload), cq_(cq),
         stream_(&context_) {
     service->RequestExchangeStream(&context_, &stream_, cq, cq, this);
   }
@@ -158,7 +168,7 @@ class StreamCall final : public Call<StreamState> {
           delete this;
           return;
         }
-        new StreamCall(service_, impl_, pool_, cq_);
+        new StreamCall(service_, impl_, offload_, cq_);
         served_.emplace(*impl_, &context_, "ExchangeStream");
         if (grpc::Status s = served_->Open(); !s.ok()) return Finish(s);
         return Read();
@@ -167,7 +177,7 @@ class StreamCall final : public Call<StreamState> {
         if (grpc::Status s = served_->Receive(&in_); !s.ok()) return Finish(s);
         if (grpc::Status s = served_->Push(); !s.ok()) return Finish(s);
         if (served_->MayWait()) {
-          OnPoolThenResume(pool_, cq_, StreamState::kAnswered, [this] { Answer(); });
+          OnPoolThenResume(offload_, cq_, StreamState::kAnswered, [this] { Answer(); });
           return;
         }
         Answer();
@@ -202,7 +212,7 @@ class StreamCall final : public Call<StreamState> {
 
   AsyncServices::Embedding* service_;
   EmbeddingServiceImpl* impl_;
-  WorkPool* pool_;
+  AsyncServices::Offload* offload_;
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
@@ -215,9 +225,9 @@ class StreamCall final : public Call<StreamState> {
 // Deletes itself when done.
 class ExchangeCall final : public Call<UnaryState> {
  public:
-  ExchangeCall(AsyncServices::Embedding* service, EmbeddingServiceImpl* impl, WorkPool* pool,
-               grpc::ServerCompletionQueue* cq)
-      : Call(UnaryState::kAsked), service_(service), impl_(impl), pool_(pool), cq_(cq),
+  ExchangeCall(AsyncServices::Embedding* service, EmbeddingServiceImpl* impl,
+               AsyncServices::Offload* offload, grpc::ServerCompletionQueue* cq)
+      : Call(UnaryState::kAsked), service_(service), impl_(impl), offload_(offload), cq_(cq),
         responder_(&context_) {
     service->RequestExchange(&context_, &in_, &responder_, cq, cq, this);
   }
@@ -229,13 +239,13 @@ class ExchangeCall final : public Call<UnaryState> {
           delete this;
           return;
         }
-        new ExchangeCall(service_, impl_, pool_, cq_);
+        new ExchangeCall(service_, impl_, offload_, cq_);
         served_.emplace(*impl_, &context_, "Exchange");
         status_ = served_->Open();
         if (status_.ok()) status_ = served_->Receive(&in_);
         if (status_.ok()) status_ = served_->Push();
         if (status_.ok() && served_->MayWait()) {
-          OnPoolThenResume(pool_, cq_, UnaryState::kAnswered, [this] { Answer(); });
+          OnPoolThenResume(offload_, cq_, UnaryState::kAnswered, [this] { Answer(); });
           return;
         }
         if (status_.ok()) Answer();
@@ -262,7 +272,7 @@ class ExchangeCall final : public Call<UnaryState> {
 
   AsyncServices::Embedding* service_;
   EmbeddingServiceImpl* impl_;
-  WorkPool* pool_;
+  AsyncServices::Offload* offload_;
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext context_;
   grpc::ByteBuffer in_, out_;
@@ -344,8 +354,8 @@ void Listen(const UnaryMethod<Service, Request, Response>& method,
 
 }  // namespace
 
-// The methods, built once per process for the services' address-stable
-// members (the calls keep pointers to them).
+// The methods, built once per AsyncServices (the calls keep pointers to
+// them).
 struct AsyncServices::Methods {
   template <typename Service, typename Request, typename Response>
   using M = UnaryMethod<Service, Request, Response>;
@@ -375,34 +385,35 @@ auto Handler(Impl* impl, grpc::Status (Impl::*fn)(grpc::ServerContext*, const Re
 
 AsyncServices::AsyncServices(EmbeddingServiceImpl* embedding, AdminServiceImpl* admin,
                              Shard* shard, int pool_threads)
-    : embedding_impl_(embedding), admin_impl_(admin), shard_(shard),
-      generic_(std::make_unique<grpc::AsyncGenericService>()), pool_(pool_threads) {
+    : embedding_impl_(embedding), generic_(std::make_unique<grpc::AsyncGenericService>()),
+      offload_(pool_threads) {
   auto always = [](const auto&) { return true; };
   methods_ = std::make_unique<Methods>(Methods{
-      .lookup = {&embedding_, &Embedding::RequestLookup, Handler(embedding, &EmbeddingServiceImpl::Lookup),
-                 [shard](const v1::LookupRequest& r) { return shard->MayWait(r); }, &pool_},
+      .lookup = {&embedding_, &Embedding::RequestLookup,
+                 Handler(embedding, &EmbeddingServiceImpl::Lookup),
+                 [shard](const v1::LookupRequest& r) { return shard->MayWait(r); }, &offload_},
       .push = {&embedding_, &Embedding::RequestPush, Handler(embedding, &EmbeddingServiceImpl::Push),
-               nullptr, &pool_},
+               nullptr, &offload_},
       .register_worker = {&embedding_, &Embedding::RequestRegisterWorker,
                           Handler(embedding, &EmbeddingServiceImpl::RegisterWorker), nullptr,
-                          &pool_},
+                          &offload_},
       .unregister_worker = {&embedding_, &Embedding::RequestUnregisterWorker,
                             Handler(embedding, &EmbeddingServiceImpl::UnregisterWorker), nullptr,
-                            &pool_},
+                            &offload_},
       // Admin calls are rare and some are long (a checkpoint, a large
       // table's allocation): all of them on the pool.
       .create_table = {&admin_, &Admin::RequestCreateTable,
-                       Handler(admin, &AdminServiceImpl::CreateTable), always, &pool_},
+                       Handler(admin, &AdminServiceImpl::CreateTable), always, &offload_},
       .list_tables = {&admin_, &Admin::RequestListTables,
-                      Handler(admin, &AdminServiceImpl::ListTables), always, &pool_},
+                      Handler(admin, &AdminServiceImpl::ListTables), always, &offload_},
       .drop_table = {&admin_, &Admin::RequestDropTable,
-                     Handler(admin, &AdminServiceImpl::DropTable), always, &pool_},
+                     Handler(admin, &AdminServiceImpl::DropTable), always, &offload_},
       .shard_info = {&admin_, &Admin::RequestGetShardInfo,
-                     Handler(admin, &AdminServiceImpl::GetShardInfo), always, &pool_},
+                     Handler(admin, &AdminServiceImpl::GetShardInfo), always, &offload_},
       .checkpoint = {&admin_, &Admin::RequestCheckpoint,
-                     Handler(admin, &AdminServiceImpl::Checkpoint), always, &pool_},
+                     Handler(admin, &AdminServiceImpl::Checkpoint), always, &offload_},
       .list_checkpoints = {&admin_, &Admin::RequestListCheckpoints,
-                           Handler(admin, &AdminServiceImpl::ListCheckpoints), always, &pool_},
+                           Handler(admin, &AdminServiceImpl::ListCheckpoints), always, &offload_},
   });
 }
 
@@ -434,8 +445,8 @@ void AsyncServices::ListenAll(grpc::ServerCompletionQueue* cq) {
   Listen(m.shard_info, cq);
   Listen(m.checkpoint, cq);
   Listen(m.list_checkpoints, cq);
-  new StreamCall(&embedding_, embedding_impl_, &pool_, cq);
-  new ExchangeCall(&embedding_, embedding_impl_, &pool_, cq);
+  new StreamCall(&embedding_, embedding_impl_, &offload_, cq);
+  new ExchangeCall(&embedding_, embedding_impl_, &offload_, cq);
   new GenericCall(generic_.get(), health_, cq);
 }
 
@@ -453,8 +464,17 @@ void AsyncServices::Start() {
 void AsyncServices::Stop() {
   if (stopped_) return;
   stopped_ = true;
-  // The pool's last calls finish onto the queues, whose threads still run.
-  pool_.Stop();
+  // The pool's last calls come back to their queues, whose threads still
+  // run, and finish there; a queue must not be shut down before (starting
+  // an operation on one that is ends the process).
+  offload_.pool.Stop();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (offload_.calls.load(std::memory_order_acquire) > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  if (const int left = offload_.calls.load(std::memory_order_acquire); left > 0) {
+    spdlog::error("{} calls from the pool still unfinished after 30 s; stopping anyway", left);
+  }
   for (const auto& cq : cqs_) cq->Shutdown();
   for (std::thread& t : threads_) t.join();
 }

@@ -24,6 +24,7 @@
 // the server's Shutdown has returned.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -75,8 +76,10 @@ class AsyncServices {
   // and starts the threads.
   void Start();
   // After the server's Shutdown has returned (every call has ended or been
-  // cancelled): runs what the pool holds, then drains and shuts down the
-  // queues and joins their threads. Idempotent; not concurrent with itself.
+  // cancelled): runs what the pool holds, waits for those calls to finish on
+  // their queues (a lookup waiting for the clock is not woken: it ends at
+  // its deadline or --max_ssp_wait), then shuts down and drains the queues
+  // and joins their threads. Idempotent; not concurrent with itself.
   void Stop();
 
   // One pending operation of a call (asking for a call, a read, a write, a
@@ -88,19 +91,24 @@ class AsyncServices {
     virtual ~Tag() = default;
     virtual void Proceed(bool ok) = 0;
   };
+  // The pool, and how many calls it holds: sent there and not yet done.
+  // Stop waits for them, since each comes back to its queue to finish.
+  struct Offload {
+    explicit Offload(int threads) : pool(threads) {}
+    WorkPool pool;
+    std::atomic<int> calls{0};
+  };
 
  private:
   struct Methods;
   void ListenAll(grpc::ServerCompletionQueue* cq);
 
   EmbeddingServiceImpl* embedding_impl_;
-  AdminServiceImpl* admin_impl_;
-  Shard* shard_;
   Embedding embedding_;
   Admin admin_;
   std::unique_ptr<grpc::AsyncGenericService> generic_;  // health checks, unknown methods
   const ShardHealth* health_ = nullptr;  // owned by the server
-  WorkPool pool_;
+  Offload offload_;
   std::unique_ptr<Methods> methods_;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs_;
   std::vector<std::thread> threads_;

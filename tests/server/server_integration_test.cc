@@ -458,6 +458,48 @@ TEST(ServerSspTest, AnExchangeWhosePushReleasesAWaitingLookupIsNotQueuedBehindIt
   EXPECT_EQ(second.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << second.error_message();
 }
 
+// SIGTERM while a lookup waits for the clock (on the async server's pool):
+// the shard still exits cleanly once the wait ends (--max_ssp_wait here;
+// shutdown does not wake it), and the lookup gets an error, not a hang.
+TEST(ServerSspTest, SigtermWhileALookupWaitsForTheClockExitsCleanly) {
+  auto server = ServerProcess::Start({"--max_ssp_wait=2s", "--shutdown_grace_seconds=0.5"});
+  ASSERT_OK(server);
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto admin = v1::AdminService::NewStub(channel);
+  auto embedding = v1::EmbeddingService::NewStub(channel);
+  auto context = [] {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    return ctx;
+  };
+  v1::CreateTableRequest create;
+  *create.mutable_config() = AdagradTable("t", 4);
+  v1::CreateTableResponse created;
+  ASSERT_TRUE(admin->CreateTable(context().get(), create, &created).ok());
+  for (uint32_t worker : {1u, 2u}) {
+    v1::RegisterWorkerRequest r;
+    r.set_worker_id(worker);
+    v1::RegisterWorkerResponse registered;
+    ASSERT_TRUE(embedding->RegisterWorker(context().get(), r, &registered).ok());
+  }
+  v1::LookupRequest waiting;  // step 1 needs both workers' step 0: none came
+  AddLookup(&waiting, "t", {1, 2, 3});
+  waiting.set_step(1);
+  waiting.set_worker_id(1);
+  grpc::Status waited;
+  std::thread waiter([&] {
+    v1::LookupResponse rows;
+    waited = embedding->Lookup(context().get(), waiting, &rows);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::StatusOr<int> exit = (*server)->Stop(SIGTERM, absl::Seconds(20));
+  waiter.join();
+  ASSERT_OK(exit);
+  ASSERT_TRUE(WIFEXITED(*exit));
+  EXPECT_EQ(WEXITSTATUS(*exit), 0);
+  EXPECT_FALSE(waited.ok());
+}
+
 TEST(ServerStartupTest, UnknownOrMissingDeviceMakesTheServerExitWithAnError) {
   auto p = ServerProcess::Start({"--device=tpu:0"}, absl::Seconds(20));
   ASSERT_FALSE(p.ok());
