@@ -1,9 +1,10 @@
 // ember.v1.EmbeddingService over a Shard: deadline check, call, status
-// conversion; on gRPC's synchronous API (EmbeddingServiceImpl: every call on
-// one of the server's polling threads) or its callback API
-// (EmbeddingCallbackService: calls run on the thread that completed them,
-// and only a lookup that may wait for the consistency clock goes to a
-// bounded pool, so gRPC's threads never block).
+// conversion. EmbeddingServiceImpl's handlers serve gRPC's synchronous API
+// (every call on one of the server's polling threads) and, called by
+// server/async_service.h, its async API (the default). EmbeddingCallbackService
+// serves the callback API (calls run on the thread that completed them, and
+// only a lookup that may wait for the consistency clock goes to a bounded
+// pool, so gRPC's threads never block).
 #pragma once
 
 #include "ember/v1/embedding_service.grpc.pb.h"
