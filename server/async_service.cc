@@ -185,7 +185,9 @@ class StreamCall final : public Call<StreamState> {
       case StreamState::kAnswered:
         return Write();
       case StreamState::kWriting:
-        if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+        if (!ok) {
+          return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+        }
         out_.Clear();
         return Read();
       case StreamState::kFinishing:
@@ -375,7 +377,8 @@ namespace {
 
 // The sync handler `fn` of `impl`, as a UnaryMethod's Handler.
 template <typename Impl, typename Request, typename Response>
-auto Handler(Impl* impl, grpc::Status (Impl::*fn)(grpc::ServerContext*, const Request*, Response*)) {
+auto Handler(Impl* impl,
+             grpc::Status (Impl::*fn)(grpc::ServerContext*, const Request*, Response*)) {
   return [impl, fn](grpc::ServerContext* c, const Request* q, Response* r) {
     return (impl->*fn)(c, q, r);
   };
@@ -392,8 +395,8 @@ AsyncServices::AsyncServices(EmbeddingServiceImpl* embedding, AdminServiceImpl* 
       .lookup = {&embedding_, &Embedding::RequestLookup,
                  Handler(embedding, &EmbeddingServiceImpl::Lookup),
                  [shard](const v1::LookupRequest& r) { return shard->MayWait(r); }, &offload_},
-      .push = {&embedding_, &Embedding::RequestPush, Handler(embedding, &EmbeddingServiceImpl::Push),
-               nullptr, &offload_},
+      .push = {&embedding_, &Embedding::RequestPush,
+               Handler(embedding, &EmbeddingServiceImpl::Push), nullptr, &offload_},
       .register_worker = {&embedding_, &Embedding::RequestRegisterWorker,
                           Handler(embedding, &EmbeddingServiceImpl::RegisterWorker), nullptr,
                           &offload_},

@@ -268,8 +268,8 @@ grpc::Status ServedExchanges::Push() {
   st.ticket = *std::move(ticket);
   st.start = absl::Now();
   st.response = FreeResponse(&st.responses);
-  const absl::Status pushed =
-      st.shard->ExchangePush(st.received.message(), st.response.get(), st.received.gradient_pieces());
+  const absl::Status pushed = st.shard->ExchangePush(st.received.message(), st.response.get(),
+                                                     st.received.gradient_pieces());
   return pushed.ok() ? grpc::Status::OK : st.Record(pushed);
 }
 

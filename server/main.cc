@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   } else if (rpc_mode == "async") {
     options.rpc_mode = ember::ServerOptions::RpcMode::kAsync;
   } else {
-    std::fprintf(stderr, "ember-server: --rpc_mode: expected sync, callback, callback_pool or async, "
+    std::fprintf(stderr,
+                 "ember-server: --rpc_mode: expected async, sync, callback or callback_pool, "
                  "received '%s'\n", rpc_mode.c_str());
     return 2;
   }

@@ -16,7 +16,8 @@ grpc::ByteBuffer Buffer(const std::string& bytes) {
 
 // HealthCheckRequest{service}: field 1, length-delimited.
 std::string Request(const std::string& service) {
-  return service.empty() ? "" : std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  if (service.empty()) return "";
+  return std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
 }
 
 const std::string kServing("\x08\x01", 2);
