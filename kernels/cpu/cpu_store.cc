@@ -49,6 +49,22 @@ struct Slot {
   uint32_t row;
 };
 
+// True only if the slots' hashes are pairwise distinct: no two share their
+// low 10 bits. A false "no" costs a sort; with the ~10 keys per stripe of a
+// trainer's push it comes about 1 time in 20.
+bool SurelyDistinct(const Slot* slots, size_t n) {
+  constexpr size_t kBits = 1024;
+  if (n > kBits / 16) return false;  // the filter would mostly say no
+  uint64_t seen[kBits / 64] = {};
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t bit = slots[i].hash & (kBits - 1);
+    const uint64_t mask = uint64_t{1} << (bit & 63);
+    if (seen[bit >> 6] & mask) return false;
+    seen[bit >> 6] |= mask;
+  }
+  return true;
+}
+
 // Per-thread scratch reused across calls: batches are often large, and a
 // fresh allocation per call would go to mmap and back each time.
 struct Scratch {
@@ -589,13 +605,17 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
     const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
     if (i + 1 < num_stripes_) prefetch_index_lines((si + 1) & (num_stripes_ - 1));
     if (begin == end) continue;
-    // Sort the stripe's keys, keeping request order among duplicates, so
-    // that duplicates are summed in a fixed order. By hash, which the slot
-    // holds (no load of the key): StoreHash is a bijection, so equal hashes
-    // are equal keys.
-    std::sort(b.slots + begin, b.slots + end, [](const Slot& x, const Slot& y) {
-      return x.hash != y.hash ? x.hash < y.hash : x.pos < y.pos;
-    });
+    // Duplicates must be adjacent, in request order, to be summed in a
+    // fixed order: sort the stripe's keys by hash, then position, unless
+    // they are surely distinct, as a trainer's deduplicated pushes are (the
+    // sort was a third of this function's samples at dim 8). By hash, which
+    // the slot holds (no load of the key): StoreHash is a bijection, so
+    // equal hashes are equal keys.
+    if (!SurelyDistinct(b.slots + begin, end - begin)) {
+      std::sort(b.slots + begin, b.slots + end, [](const Slot& x, const Slot& y) {
+        return x.hash != y.hash ? x.hash < y.hash : x.pos < y.pos;
+      });
+    }
     Stripe& s = stripes_[si];
     WriterLock lock(&s.mu);
     if (s.index) {

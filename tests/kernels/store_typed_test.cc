@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 
+#include "absl/base/casts.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/initializer_math.h"
@@ -236,6 +237,40 @@ TYPED_TEST(StoreTest, DuplicateKeysInOnePushAreSummedBeforeOneOptimizerStep) {
   const double g = 2.75, acc = 0.1 + g * g;
   const double expected = 1.0 - 0.1 * g / (std::sqrt(acc) + 1e-7);
   EXPECT_NEAR(this->FindRows(*store, {9})[0], expected, 1e-6);
+}
+
+// Keys spread over several stripes, one of them twice, far apart: the
+// duplicate's gradients are summed in request order before one step, and
+// every other key gets its own step, exactly as when the caller sums first.
+TYPED_TEST(StoreTest, ADuplicateAmongManyDistinctKeysIsSummedAndTheRestStepOnce) {
+  TableConfig c = SmallTable(4, /*capacity=*/4 * 8192);
+  c.optimizer.kind = OptimizerKind::kAdagrad;
+  c.optimizer.learning_rate = 0.1f;
+  auto summed_by_store = this->MakeStore(c);
+  auto summed_before = this->MakeStore(c);
+  std::vector<uint64_t> keys;
+  std::vector<float> grads;
+  for (uint64_t k = 1; k <= 40; ++k) {
+    keys.push_back(k * 7919);
+    for (int j = 0; j < 4; ++j) grads.push_back(0.01f * static_cast<float>(k + j));
+  }
+  std::vector<float> unique_grads = grads;
+  keys.push_back(keys[3]);
+  for (int j = 0; j < 4; ++j) {
+    grads.push_back(0.5f + static_cast<float>(j));
+    unique_grads[3 * 4 + j] += 0.5f + static_cast<float>(j);
+  }
+  const std::vector<uint64_t> unique_keys(keys.begin(), keys.end() - 1);
+  auto r = summed_by_store->ApplyGradients(keys, DType::kFp32, Bytes(grads));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->updated, 40u);
+  ASSERT_OK(summed_before->ApplyGradients(unique_keys, DType::kFp32, Bytes(unique_grads)));
+  const std::vector<float> got = this->FindRows(*summed_by_store, unique_keys);
+  const std::vector<float> want = this->FindRows(*summed_before, unique_keys);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(absl::bit_cast<uint32_t>(got[i]), absl::bit_cast<uint32_t>(want[i])) << i;
+  }
 }
 
 TYPED_TEST(StoreTest, OutputDtypesConvertTheStoredRow) {

@@ -404,32 +404,51 @@ INSTANTIATE_TEST_SUITE_P(Devices, ServerIntegrationTest, ::testing::Values("cpu"
                            return info.param == "cpu" ? std::string("cpu") : std::string("cuda0");
                          });
 
+std::unique_ptr<grpc::ClientContext> ContextWithin(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+// A shard of its own, started with `flags`, holding table "t" (dim 4) with
+// SSP workers 1 and 2 registered (staleness 0: step s + 1 needs both
+// workers' step s).
+struct SspShard {
+  std::unique_ptr<ServerProcess> process;
+  std::unique_ptr<v1::AdminService::Stub> admin;
+  std::unique_ptr<v1::EmbeddingService::Stub> embedding;
+};
+void StartSspShard(const std::vector<std::string>& flags, SspShard* shard) {
+  auto server = ServerProcess::Start(flags);
+  ASSERT_OK(server);
+  shard->process = std::move(*server);
+  auto channel =
+      grpc::CreateChannel(shard->process->address(), grpc::InsecureChannelCredentials());
+  shard->admin = v1::AdminService::NewStub(channel);
+  shard->embedding = v1::EmbeddingService::NewStub(channel);
+  v1::CreateTableRequest create;
+  *create.mutable_config() = AdagradTable("t", 4);
+  v1::CreateTableResponse created;
+  ASSERT_TRUE(
+      shard->admin->CreateTable(ContextWithin(absl::Seconds(10)).get(), create, &created).ok());
+  for (uint32_t worker : {1u, 2u}) {
+    v1::RegisterWorkerRequest r;
+    r.set_worker_id(worker);
+    v1::RegisterWorkerResponse registered;
+    ASSERT_TRUE(shard->embedding
+                    ->RegisterWorker(ContextWithin(absl::Seconds(10)).get(), r, &registered)
+                    .ok());
+  }
+}
+
 // Regression (the async server's first version ran a whole exchange on its
 // pool when its lookup might wait): with one pool thread taken by a waiting
 // exchange, the exchange whose push releases it must not queue behind it.
 // Pushes run where the call was read; only lookups wait.
 TEST(ServerSspTest, AnExchangeWhosePushReleasesAWaitingLookupIsNotQueuedBehindIt) {
-  auto server = ServerProcess::Start({"--worker_threads=1"});
-  ASSERT_OK(server);
-  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
-  auto admin = v1::AdminService::NewStub(channel);
-  auto embedding = v1::EmbeddingService::NewStub(channel);
-  auto context = [](absl::Duration timeout) {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return ctx;
-  };
-  v1::CreateTableRequest create;
-  *create.mutable_config() = AdagradTable("t", 4);
-  v1::CreateTableResponse created;
-  ASSERT_TRUE(admin->CreateTable(context(absl::Seconds(10)).get(), create, &created).ok());
-  for (uint32_t worker : {1u, 2u}) {
-    v1::RegisterWorkerRequest r;
-    r.set_worker_id(worker);
-    v1::RegisterWorkerResponse registered;
-    ASSERT_TRUE(embedding->RegisterWorker(context(absl::Seconds(10)).get(), r, &registered).ok());
-  }
-  // Worker w pushes step 0 and looks up `lookup_step` (staleness 0).
+  SspShard shard;
+  ASSERT_NO_FATAL_FAILURE(StartSspShard({"--worker_threads=1"}, &shard));
+  // Worker w pushes step 0 and looks up `lookup_step`.
   auto exchange = [&](uint32_t worker, int64_t lookup_step, absl::Duration timeout) {
     v1::ExchangeRequest request;
     request.mutable_push()->set_worker_id(worker);
@@ -438,7 +457,7 @@ TEST(ServerSspTest, AnExchangeWhosePushReleasesAWaitingLookupIsNotQueuedBehindIt
     request.mutable_lookup()->set_worker_id(worker);
     request.mutable_lookup()->set_step(lookup_step);
     v1::ExchangeResponse response;
-    return embedding->Exchange(context(timeout).get(), request, &response);
+    return shard.embedding->Exchange(ContextWithin(timeout).get(), request, &response);
   };
   // Step 1 needs worker 2's step 0: this one waits, on the only pool thread.
   grpc::Status first;
@@ -462,26 +481,9 @@ TEST(ServerSspTest, AnExchangeWhosePushReleasesAWaitingLookupIsNotQueuedBehindIt
 // the shard still exits cleanly once the wait ends (--max_ssp_wait here;
 // shutdown does not wake it), and the lookup gets an error, not a hang.
 TEST(ServerSspTest, SigtermWhileALookupWaitsForTheClockExitsCleanly) {
-  auto server = ServerProcess::Start({"--max_ssp_wait=2s", "--shutdown_grace_seconds=0.5"});
-  ASSERT_OK(server);
-  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
-  auto admin = v1::AdminService::NewStub(channel);
-  auto embedding = v1::EmbeddingService::NewStub(channel);
-  auto context = [] {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    return ctx;
-  };
-  v1::CreateTableRequest create;
-  *create.mutable_config() = AdagradTable("t", 4);
-  v1::CreateTableResponse created;
-  ASSERT_TRUE(admin->CreateTable(context().get(), create, &created).ok());
-  for (uint32_t worker : {1u, 2u}) {
-    v1::RegisterWorkerRequest r;
-    r.set_worker_id(worker);
-    v1::RegisterWorkerResponse registered;
-    ASSERT_TRUE(embedding->RegisterWorker(context().get(), r, &registered).ok());
-  }
+  SspShard shard;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSspShard({"--max_ssp_wait=2s", "--shutdown_grace_seconds=0.5"}, &shard));
   v1::LookupRequest waiting;  // step 1 needs both workers' step 0: none came
   AddLookup(&waiting, "t", {1, 2, 3});
   waiting.set_step(1);
@@ -489,10 +491,10 @@ TEST(ServerSspTest, SigtermWhileALookupWaitsForTheClockExitsCleanly) {
   grpc::Status waited;
   std::thread waiter([&] {
     v1::LookupResponse rows;
-    waited = embedding->Lookup(context().get(), waiting, &rows);
+    waited = shard.embedding->Lookup(ContextWithin(absl::Seconds(20)).get(), waiting, &rows);
   });
   absl::SleepFor(absl::Milliseconds(300));
-  absl::StatusOr<int> exit = (*server)->Stop(SIGTERM, absl::Seconds(20));
+  absl::StatusOr<int> exit = shard.process->Stop(SIGTERM, absl::Seconds(20));
   waiter.join();
   ASSERT_OK(exit);
   ASSERT_TRUE(WIFEXITED(*exit));
