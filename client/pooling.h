@@ -34,12 +34,11 @@ void PoolBackward(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> 
                   uint32_t dim, float* d_rows);
 
 // PoolBackward into a buffer that need not be zeroed first: rows
-// [0, *written) hold sums so far and are added to; any other row is zeroed
-// (if skipped over) or written on its first touch, and *written advances
-// past it. The bits equal PoolBackward's into zeroed rows. When the ids
-// number their rows in first-occurrence order (KeyDeduplicator), nothing is
-// zeroed. After the last call, rows [*written, rows) were never touched and
-// are the caller's to zero.
+// [0, *written) hold sums so far and are added to; rows from *written up to
+// the highest id of this call are zeroed first, and *written advances past
+// them. The bits equal PoolBackward's into zeroed rows. After the last
+// call, rows [*written, rows) were never touched and are the caller's to
+// zero.
 void PoolBackwardInto(absl::Span<const int64_t> offsets, absl::Span<const uint32_t> inverse,
                       absl::Span<const float> weights, Combiner combiner, const float* d_pooled,
                       uint32_t dim, float* d_rows, uint32_t* written);

@@ -47,8 +47,9 @@ class HostRowSink final : public RowSink {
     const size_t tables = shape_.table_dim.size();
     std::vector<const float*> grads(tables);
     grads_.resize(tables);
-    // Not zeroed first: PoolBackwardInto writes each row on its first touch
-    // (the features visit a table's ids in the order Dedup numbered them).
+    // Not zeroed first: PoolBackwardInto zeroes the rows each call reaches
+    // for the first time (the features visit a table's ids in the order
+    // Dedup numbered them, so each row is zeroed once, just before use).
     std::vector<uint32_t> written(tables, 0);
     for (size_t tb = 0; tb < tables; ++tb) {
       grads_[tb].resize(s.unique[tb].size() * shape_.table_dim[tb]);
