@@ -53,6 +53,13 @@ bool ExponentsFinite(const void* data, size_t n, Bits exponent) {
 }  // namespace
 
 EMBER_VECTOR_CLONES
+void CopyWideRowBytes(void* dst, const void* src, size_t n) {
+  unsigned char* out = static_cast<unsigned char*>(dst);
+  const unsigned char* in = static_cast<const unsigned char*>(src);
+  for (size_t i = 0; i < n; i += 64) memcpy(out + i, in + i, 64);
+}
+
+EMBER_VECTOR_CLONES
 void ConvertElements(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == dt) {
     memcpy(dst, src, n * DTypeSize(st));

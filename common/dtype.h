@@ -98,6 +98,12 @@ EMBER_HD void StoreElement(void* data, DType t, size_t i, float v) {
   memcpy(p + i * 2, &h, 2);
 }
 
+// Copies a multiple of 64 bytes in 64-byte blocks with the widest vector
+// loads and stores the CPU has (common/vector_dispatch.h). For rows of 256
+// bytes and more: the portable build's inline memcpy of those sizes is a
+// `rep movsq`, whose start-up costs as much as the copy.
+void CopyWideRowBytes(void* dst, const void* src, size_t n);
+
 // memcpy for row-sized copies: the common row sizes get a fixed-size copy the
 // compiler inlines (a library call per row costs more than the copy itself).
 inline void CopyRowBytes(void* dst, const void* src, size_t n) {
@@ -106,9 +112,13 @@ inline void CopyRowBytes(void* dst, const void* src, size_t n) {
     case 32: memcpy(dst, src, 32); return;
     case 64: memcpy(dst, src, 64); return;
     case 128: memcpy(dst, src, 128); return;
-    case 256: memcpy(dst, src, 256); return;
-    case 512: memcpy(dst, src, 512); return;
-    default: memcpy(dst, src, n); return;
+    default:
+      if (n >= 256 && n % 64 == 0) {
+        CopyWideRowBytes(dst, src, n);
+      } else {
+        memcpy(dst, src, n);
+      }
+      return;
   }
 }
 

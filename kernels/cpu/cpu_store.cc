@@ -29,6 +29,18 @@ constexpr size_t kMaxChunkBytes = 256 * 1024;
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
+// Requests every cache line of [p, p + bytes). A wide record spans many
+// lines, and the hardware prefetcher, which sees only the first misses of
+// each record, does not fetch the rest in time: the gather and the
+// optimizer then stall on each line in turn.
+inline void PrefetchSpan(const uint8_t* p, size_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t last = reinterpret_cast<uintptr_t>(p + bytes - 1);
+  for (uintptr_t line = first; line <= last; line += 64) {
+    Prefetch(reinterpret_cast<const void*>(line));
+  }
+}
+
 inline uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash >> 32) & 0xffu; }
 inline uint32_t Entry(uint32_t row, uint64_t hash) { return ((row + 1) << 8) | TagOf(hash); }
 inline uint32_t EntryRow(uint32_t entry) { return (entry >> 8) - 1; }
@@ -487,9 +499,7 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
           }
           slot.row = (e & 0xffu) == TagOf(slot.hash) ? EntryRow(e) : FirstCandidate(s, slot.hash);
           if (slot.row != kNoRow) {
-            const uint8_t* rec = Record(s, slot.row);
-            Prefetch(rec);
-            Prefetch(rec + value_offset_ + value_bytes_ - 1);
+            PrefetchSpan(Record(s, slot.row), value_offset_ + value_bytes_);
           }
         }
       }
@@ -623,9 +633,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
         const uint64_t h = b.slots[k].hash;
         const uint32_t e = s.index[h & s.index_mask];
         if (e != 0 && (e & 0xffu) == TagOf(h)) {
-          const uint8_t* rec = Record(s, EntryRow(e));
-          Prefetch(rec);
-          Prefetch(rec + stride_ - 1);
+          PrefetchSpan(Record(s, EntryRow(e)), stride_);
         }
       }
     }

@@ -97,6 +97,23 @@ TEST(DTypeTest, ConvertElementsGivesTheElementWiseBitsAtAnyAddress) {
   }
 }
 
+TEST(DTypeTest, CopyRowBytesCopiesEveryRowSizeExactlyAtAnyAddress) {
+  // The row sizes with an inline copy, the 64-byte-block vector copy (256
+  // bytes and up) and the memcpy fallback; the bytes around the row stay.
+  std::mt19937 rng(9);
+  for (size_t n : {4, 16, 32, 48, 64, 128, 192, 256, 288, 512, 1024, 4096}) {
+    for (size_t shift : {0, 1, 3}) {  // rows are slices of request bytes
+      std::vector<unsigned char> src(n + 8), dst(n + 8, 0xa5);
+      for (unsigned char& b : src) b = static_cast<unsigned char>(rng());
+      CopyRowBytes(dst.data() + shift, src.data() + shift, n);
+      EXPECT_EQ(std::memcmp(dst.data() + shift, src.data() + shift, n), 0)
+          << n << " bytes, shift " << shift;
+      for (size_t i = 0; i < shift; ++i) EXPECT_EQ(dst[i], 0xa5) << n << " before";
+      for (size_t i = shift + n; i < dst.size(); ++i) EXPECT_EQ(dst[i], 0xa5) << n << " after";
+    }
+  }
+}
+
 TEST(DTypeTest, AllFiniteFindsOneNonFiniteElementAnywhere) {
   struct Bad {
     DType t;
