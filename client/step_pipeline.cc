@@ -130,7 +130,7 @@ class StepPipeline::Impl {
     StepView view;
     view.step = step;
     view.batch_size = static_cast<int64_t>(s->batch.features[0].offsets.size()) - 1;
-    for (const auto& p : s->pooled) view.pooled.push_back(p);
+    for (auto& p : s->pooled) view.pooled.push_back(absl::MakeSpan(p));
     return view;
   }
 
@@ -158,14 +158,16 @@ class StepPipeline::Impl {
       }
     }
     // The gradients go into the step's pooled buffers (same shapes; the
-    // view is invalid from here on), so a push allocates nothing. memmove:
-    // a caller may pass the view itself back.
+    // view is invalid from here on), so a push allocates nothing, and
+    // gradients written in place over the view are not copied at all.
     s->d_pooled = std::move(s->pooled);
     s->pooled.clear();
     s->d_pooled.resize(d_pooled.size());
     for (size_t f = 0; f < d_pooled.size(); ++f) {
       s->d_pooled[f].resize(d_pooled[f].size());
-      memmove(s->d_pooled[f].data(), d_pooled[f].data(), d_pooled[f].size() * sizeof(float));
+      if (s->d_pooled[f].data() != d_pooled[f].data()) {
+        memmove(s->d_pooled[f].data(), d_pooled[f].data(), d_pooled[f].size() * sizeof(float));
+      }
     }
     QueuePush(std::move(s), start);
     return absl::OkStatus();

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -110,8 +111,11 @@ struct PipelineOptions {
 struct StepView {
   int64_t step = 0;
   int64_t batch_size = 0;
-  // Per feature, batch_size x dim(feature) floats, row-major.
-  std::vector<absl::Span<const float>> pooled;
+  // Per feature, batch_size x dim(feature) floats, row-major: the
+  // pipeline's buffers. Writable, so that a backward pass that no longer
+  // needs the rows can write d(pooled) over them and hand `pooled` itself
+  // to Push, which then copies nothing (1.1 MB a step at dim 128).
+  std::vector<absl::Span<float>> pooled;
 };
 
 // The rows of one step on the GPU: device pointers (the pipeline's memory),
@@ -155,8 +159,17 @@ class StepPipeline {
   // fetch, or of an earlier push.
   absl::StatusOr<StepView> Wait(int64_t step);
   // d_pooled[f] holds batch_size x dim(f) gradients of feature f's pooled
-  // rows; they are copied. Returns at once (an earlier push's error if any).
+  // rows; they are copied, except a span that is the step's own
+  // StepView::pooled[f] (gradients written in place). Returns at once (an
+  // earlier push's error if any).
   absl::Status Push(int64_t step, const std::vector<absl::Span<const float>>& d_pooled);
+  // Push(step, view.pooled). A template only so that a braced list, e.g.
+  // Push(t, {grads.begin(), grads.end()}), still means the overload above.
+  template <typename V, typename = std::enable_if_t<
+                            std::is_same_v<V, std::vector<absl::Span<float>>>>>
+  absl::Status Push(int64_t step, const V& d_pooled) {
+    return Push(step, std::vector<absl::Span<const float>>(d_pooled.begin(), d_pooled.end()));
+  }
   // The device twins of Wait and Push (PipelineOptions::device >= 0).
   // WaitOnDevice blocks until the step's rows are fetched, then orders the
   // upload and the pooling kernels on `stream` and returns; the pooled rows
