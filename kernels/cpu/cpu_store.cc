@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rw_mutex.h"
 #include "common/key_hash.h"
+#include "common/prefetch.h"
 #include "kernels/initializer_math.h"
 #include "kernels/optimizer_math.h"
 #include "kernels/optimizer_rows.h"
@@ -26,20 +27,6 @@ constexpr size_t kMinIndexSize = 16;
 constexpr size_t kMinChunkRows = 16;
 constexpr size_t kMaxChunkRows = 4096;
 constexpr size_t kMaxChunkBytes = 256 * 1024;
-
-inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
-
-// Requests every cache line of [p, p + bytes). A wide record spans many
-// lines, and the hardware prefetcher, which sees only the first misses of
-// each record, does not fetch the rest in time: the gather and the
-// optimizer then stall on each line in turn.
-inline void PrefetchSpan(const uint8_t* p, size_t bytes) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
-  const uintptr_t last = reinterpret_cast<uintptr_t>(p + bytes - 1);
-  for (uintptr_t line = first; line <= last; line += 64) {
-    Prefetch(reinterpret_cast<const void*>(line));
-  }
-}
 
 inline uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash >> 32) & 0xffu; }
 inline uint32_t Entry(uint32_t row, uint64_t hash) { return ((row + 1) << 8) | TagOf(hash); }
