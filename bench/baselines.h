@@ -3,7 +3,9 @@
 //   all: a random gather from it is the memory limit of the machine.
 // - NaiveMap: absl::flat_hash_map<key, std::vector<float>> behind one mutex,
 //   what a first implementation of a parameter server looks like.
-// Both implement Adagrad so push costs compare like for like.
+// Both implement Adagrad so push costs compare like for like: the plain
+// array with the store's own vectorised row update (the limit), the naive
+// map with a scalar loop (a first implementation's).
 #pragma once
 
 #include <cmath>
@@ -15,6 +17,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "kernels/optimizer_rows.h"
+#include "kernels/table_config.h"
 
 namespace ember::bench {
 
@@ -27,15 +31,14 @@ class PlainArray {
       CopyRowBytes(out + i * dim_, &rows_[rows[i] * dim_], dim_ * sizeof(float));
     }
   }
+  // The limit of an update, like the gather's: the store's own vectorised
+  // row update (opt::AdagradRow), with no hashing or locking around it.
   void Adagrad(absl::Span<const uint64_t> rows, const float* grads, float lr) {
+    OptimizerConfig c;
+    c.kind = OptimizerKind::kAdagrad;
+    c.learning_rate = lr;
     for (size_t i = 0; i < rows.size(); ++i) {
-      float* w = &rows_[rows[i] * dim_];
-      float* a = &acc_[rows[i] * dim_];
-      for (uint32_t j = 0; j < dim_; ++j) {
-        const float g = grads[i * dim_ + j];
-        a[j] += g * g;
-        w[j] -= lr * g / (std::sqrt(a[j]) + 1e-7f);
-      }
+      opt::AdagradRow(c, grads + i * dim_, &rows_[rows[i] * dim_], &acc_[rows[i] * dim_], dim_);
     }
   }
 
