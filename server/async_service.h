@@ -1,7 +1,8 @@
 // The shard's services on gRPC's async API (ember-server --rpc_mode=async):
 // a few threads, each polling its own completion queue, run the calls that
 // complete there; only a call that may block (a lookup or exchange waiting
-// for the SSP clock, any AdminService call) goes to a bounded pool.
+// for the SSP clock, any AdminService call) goes to a pool (server/work_pool.h),
+// which adds threads while all are busy.
 //
 // Why: in gRPC 1.51 (epoll1) one thread at a time polls the sockets of the
 // whole process, and a thread that polls hands that role on to another
@@ -59,7 +60,8 @@ class AsyncServices {
   using Admin = v1::AdminService::AsyncService;
 
   // `embedding`, `admin` and `shard` must outlive this object; their
-  // handlers answer every call. `pool_threads` run the calls that may block.
+  // handlers answer every call. The pool that runs the calls that may block
+  // keeps `pool_threads` threads, and adds more while all are busy.
   AsyncServices(EmbeddingServiceImpl* embedding, AdminServiceImpl* admin, Shard* shard,
                 int pool_threads);
   // Stops, if Stop was not called.

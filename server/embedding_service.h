@@ -3,8 +3,8 @@
 // (every call on one of the server's polling threads) and, called by
 // server/async_service.h, its async API (the default). EmbeddingCallbackService
 // serves the callback API (calls run on the thread that completed them, and
-// only a lookup that may wait for the consistency clock goes to a bounded
-// pool, so gRPC's threads never block).
+// only a lookup that may wait for the consistency clock goes to a pool, so
+// gRPC's threads never block).
 #pragma once
 
 #include "ember/v1/embedding_service.grpc.pb.h"
@@ -112,7 +112,8 @@ using EmbeddingCallbackBase = v1::EmbeddingService::WithCallbackMethod_Lookup<
 class EmbeddingCallbackService final : public EmbeddingCallbackBase {
  public:
   // `shard` and `metrics` (null: none) must outlive the service. Lookups
-  // that may wait run on `pool_threads` threads; with `all_lookups_on_pool`
+  // that may wait run on a pool that keeps `pool_threads` threads (and adds
+  // more while all are busy: server/work_pool.h); with `all_lookups_on_pool`
   // every lookup does (pushes always run inline: they never wait, and a
   // lookup may be waiting for one).
   EmbeddingCallbackService(Shard* shard, ShardMetrics* metrics, int pool_threads,

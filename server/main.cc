@@ -15,9 +15,10 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one and prints it.");
 ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index, 0 <= shard_index < shard_count.");
 ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, worker_threads, 4,
-          "--rpc_mode=async and callback: the threads for calls that may block (lookups that "
-          "wait for the SSP clock; async: admin calls). --rpc_mode=sync: gRPC threads polling "
-          "for requests; more start while all are busy.");
+          "--rpc_mode=async and callback: the threads kept for calls that may block (lookups "
+          "that wait for the SSP clock; async: admin calls); more start while all are busy, "
+          "so a ready call never queues behind waiting ones. --rpc_mode=sync: gRPC threads "
+          "polling for requests; more start while all are busy.");
 ABSL_FLAG(std::string, rpc_mode, "async",
           "How calls run: async (the default: gRPC's async API, each call on the completion "
           "thread that read it, calls that may block on the worker_threads pool; fewest "

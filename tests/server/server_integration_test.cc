@@ -477,6 +477,63 @@ TEST(ServerSspTest, AnExchangeWhosePushReleasesAWaitingLookupIsNotQueuedBehindIt
   EXPECT_EQ(second.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << second.error_message();
 }
 
+// Regression (CI, Python client: 4 SSP workers against shards with 2 pool
+// threads stalled until their deadlines): a lookup that may wait goes to
+// the pool; when it becomes ready while every pool thread holds a lookup
+// that waits for its own worker's next push (which follows its answer), it
+// must not queue behind them. Built here with one pool thread and three
+// workers at staleness 0.
+TEST(ServerSspTest, ALookupThatBecameReadyIsNotQueuedBehindLookupsWaitingForItsWorker) {
+  SspShard shard;
+  ASSERT_NO_FATAL_FAILURE(StartSspShard({"--worker_threads=1"}, &shard));
+  v1::RegisterWorkerRequest third;
+  third.set_worker_id(3);
+  v1::RegisterWorkerResponse registered;
+  ASSERT_TRUE(
+      shard.embedding->RegisterWorker(ContextWithin(absl::Seconds(10)).get(), third, &registered)
+          .ok());
+  // Worker w pushes `push_step`, and with `lookup_step` >= 0 looks up that step.
+  auto exchange = [&](uint32_t worker, int64_t push_step, int64_t lookup_step,
+                      absl::Duration timeout) {
+    v1::ExchangeRequest request;
+    request.mutable_push()->set_worker_id(worker);
+    request.mutable_push()->set_step(push_step);
+    if (lookup_step >= 0) {
+      AddLookup(request.mutable_lookup(), "t", {1, 2, 3});
+      request.mutable_lookup()->set_worker_id(worker);
+      request.mutable_lookup()->set_step(lookup_step);
+    }
+    v1::ExchangeResponse response;
+    return shard.embedding->Exchange(ContextWithin(timeout).get(), request, &response);
+  };
+  for (uint32_t worker : {1u, 2u, 3u}) ASSERT_TRUE(exchange(worker, 0, -1, absl::Seconds(10)).ok());
+  ASSERT_TRUE(exchange(1, 1, -1, absl::Seconds(10)).ok());
+  // Worker 1's step 3 needs every worker's step 2: it waits on the only
+  // pool thread, for worker 2's push of step 2 among others.
+  grpc::Status first;
+  std::thread waiting_for_2([&] { first = exchange(1, 2, 3, absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  // Worker 2's step 2 needs worker 3's step 1, not there yet: to the pool.
+  grpc::Status second;
+  absl::Time second_done;
+  std::thread ready_later([&] {
+    second = exchange(2, 1, 2, absl::Seconds(8));
+    second_done = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time ready = absl::Now();
+  ASSERT_TRUE(exchange(3, 1, -1, absl::Seconds(10)).ok());  // worker 2's lookup is ready now
+  ready_later.join();
+  EXPECT_TRUE(second.ok()) << second.error_message();
+  EXPECT_LT(second_done - ready, absl::Seconds(2)) << "the ready lookup queued behind worker 1's";
+  // Worker 2, answered, pushes step 2 (as a trainer would); with worker 3's,
+  // worker 1's lookup goes on.
+  EXPECT_TRUE(exchange(2, 2, -1, absl::Seconds(10)).ok());
+  EXPECT_TRUE(exchange(3, 2, -1, absl::Seconds(10)).ok());
+  waiting_for_2.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+}
+
 // SIGTERM while a lookup waits for the clock (on the async server's pool):
 // the shard still exits cleanly once the wait ends (--max_ssp_wait here;
 // shutdown does not wake it), and the lookup gets an error, not a hang.
