@@ -31,12 +31,15 @@ class Gate {
   bool open_ = false;
 };
 
+// Each test declares its pool after what the closures use, so that the pool
+// ends (and joins its threads) first.
+
 // The shard's case: a closure blocks until a later one runs (a lookup
 // waiting for the push that follows another lookup's answer).
 TEST(WorkPoolTest, AClosurePostedWhileEveryThreadBlocksStillRuns) {
-  WorkPool pool(1);
   Gate gate, done;
   std::atomic<bool> released{false};
+  WorkPool pool(1);
   pool.Post([&] {
     released = gate.WaitOpen(absl::Seconds(10));
     done.Open();
@@ -47,9 +50,9 @@ TEST(WorkPoolTest, AClosurePostedWhileEveryThreadBlocksStillRuns) {
 }
 
 TEST(WorkPoolTest, ThreadsAddedUnderLoadEndWhenIdleAndTheKeptOnesStay) {
-  WorkPool pool(2, /*idle_exit=*/absl::Milliseconds(50));
   Gate gate;
   std::atomic<int> running{0};
+  WorkPool pool(2, /*idle_exit=*/absl::Milliseconds(50));
   constexpr int kBlocked = 5;
   for (int i = 0; i < kBlocked; ++i) {
     pool.Post([&] {
@@ -66,15 +69,15 @@ TEST(WorkPoolTest, ThreadsAddedUnderLoadEndWhenIdleAndTheKeptOnesStay) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_EQ(pool.threads(), 2u);
-  std::atomic<bool> ran{false};
+  std::atomic<bool> ran{false};  // read after Stop below
   pool.Post([&] { ran = true; });  // on a kept thread; joins the ended ones
   pool.Stop();
   EXPECT_TRUE(ran);
 }
 
 TEST(WorkPoolTest, StopRunsWhatWasPostedAndLaterClosuresRunOnTheCaller) {
-  WorkPool pool(2);
   std::atomic<int> ran{0};
+  WorkPool pool(2);
   for (int i = 0; i < 100; ++i) pool.Post([&] { ++ran; });
   pool.Stop();
   EXPECT_EQ(ran, 100);
