@@ -31,8 +31,8 @@ struct ServerOptions {
   // TCP port; 0 picks a free one (see Server::port()).
   int port = 50051;
   // gRPC threads polling for requests (gRPC starts more while all are busy);
-  // with the async and callback APIs, the threads the pool for calls that
-  // may block keeps (it adds more while all are busy: server/work_pool.h).
+  // with the async and callback APIs, the threads kept by the pool for calls
+  // that may block (it adds more while all are busy: server/work_pool.h).
   int worker_threads = 4;
   // How calls run (server/embedding_service.h, server/async_service.h):
   //   kSync: gRPC's synchronous API, each call on a polling thread;
