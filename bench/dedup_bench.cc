@@ -27,11 +27,8 @@ int Main() {
   const auto features = bench::ReferenceFeatures();
   const int pipelines = absl::GetFlag(FLAGS_pipelines);
   const int steps = absl::GetFlag(FLAGS_steps);
-  std::vector<std::vector<Batch>> batches(pipelines);
-  for (int p = 0; p < pipelines; ++p) {
-    bench::BatchGenerator gen(features, absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_seed) + p);
-    for (int s = 0; s < steps; ++s) batches[p].push_back(gen.Next());
-  }
+  const std::vector<std::vector<Batch>> batches = bench::DrawPipelineBatches(
+      features, absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_seed), pipelines, steps);
   KeyDeduplicator pipeline_dedup, merge_dedup;
   std::vector<uint32_t> inverse, merge_inverse;
   std::vector<std::vector<std::vector<uint64_t>>> unique(

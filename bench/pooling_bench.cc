@@ -53,11 +53,8 @@ int Main() {
   const int pipelines = absl::GetFlag(FLAGS_pipelines);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int batch = absl::GetFlag(FLAGS_batch);
-  std::vector<std::vector<Batch>> batches(pipelines);
-  for (int p = 0; p < pipelines; ++p) {
-    bench::BatchGenerator gen(features, batch, absl::GetFlag(FLAGS_seed) + p);
-    for (int s = 0; s < steps; ++s) batches[p].push_back(gen.Next());
-  }
+  const std::vector<std::vector<Batch>> batches =
+      bench::DrawPipelineBatches(features, batch, absl::GetFlag(FLAGS_seed), pipelines, steps);
   // [step][pipeline][feature], and per [step][feature] the merged key count.
   std::vector<std::vector<std::vector<FeatureStep>>> fs(steps);
   std::vector<std::vector<size_t>> merged(steps, std::vector<size_t>(features.size()));

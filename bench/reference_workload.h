@@ -189,4 +189,17 @@ class BatchGenerator {
   std::shared_ptr<const std::vector<ZipfSampler>> zipf_;
 };
 
+// `steps` batches of each of `pipelines` id streams, drawn up front;
+// pipeline p's stream is seeded `seed + p`. Indexed [pipeline][step].
+inline std::vector<std::vector<Batch>> DrawPipelineBatches(const std::vector<Feature>& features,
+                                                           int batch, uint64_t seed, int pipelines,
+                                                           int steps) {
+  std::vector<std::vector<Batch>> batches(pipelines);
+  for (int p = 0; p < pipelines; ++p) {
+    BatchGenerator gen(features, batch, seed + static_cast<uint64_t>(p));
+    for (int s = 0; s < steps; ++s) batches[p].push_back(gen.Next());
+  }
+  return batches;
+}
+
 }  // namespace ember::bench

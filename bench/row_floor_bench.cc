@@ -172,11 +172,8 @@ int Main() {
   const int pipelines = absl::GetFlag(FLAGS_pipelines);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int batch = absl::GetFlag(FLAGS_batch);
-  std::vector<std::vector<Batch>> batches(pipelines);
-  for (int p = 0; p < pipelines; ++p) {
-    bench::BatchGenerator gen(features, batch, absl::GetFlag(FLAGS_seed) + p);
-    for (int s = 0; s < steps; ++s) batches[p].push_back(gen.Next());
-  }
+  const std::vector<std::vector<Batch>> batches =
+      bench::DrawPipelineBatches(features, batch, absl::GetFlag(FLAGS_seed), pipelines, steps);
   // Every distinct key of the run gets a store slot, in random order.
   absl::flat_hash_map<uint64_t, uint32_t> slot_of;
   std::vector<Step> ring(steps);
