@@ -32,13 +32,13 @@ class PlainArray {
     }
   }
   // The limit of an update, like the gather's: the store's own vectorised
-  // row update (opt::AdagradRow), with no hashing or locking around it.
+  // row update (opt::UpdateRow), with no hashing or locking around it.
   void Adagrad(absl::Span<const uint64_t> rows, const float* grads, float lr) {
     OptimizerConfig c;
     c.kind = OptimizerKind::kAdagrad;
     c.learning_rate = lr;
     for (size_t i = 0; i < rows.size(); ++i) {
-      opt::AdagradRow(c, grads + i * dim_, &rows_[rows[i] * dim_], &acc_[rows[i] * dim_], dim_);
+      opt::UpdateRow(c, 0.0f, grads + i * dim_, &rows_[rows[i] * dim_], &acc_[rows[i] * dim_], dim_);
     }
   }
 

@@ -12,7 +12,7 @@
 //   pool bwd   each example's pooled gradient added into its ids' rows,
 //              written where the push sends them (no zeroing: a real
 //              implementation also zeroes or first-writes them);
-//   Adagrad    the store's own row update (opt::AdagradRow) on a dense
+//   Adagrad    the store's own row update (opt::UpdateRow) on a dense
 //              array of the run's distinct rows (no hashing, no records).
 // The gather of the rows out of the store into the answer is timed too but
 // left out of the floor: a send that pointed the kernel at the records could
@@ -292,7 +292,7 @@ int Main() {
       for (const Step& step : ring) {
         for (size_t u = 0; u < step.slot.size(); ++u) {
           float* w = &store[size_t{step.slot[u]} * 2 * dim];
-          opt::AdagradRow(adagrad, &pushed[u * dim], w, w + dim, dim);
+          opt::UpdateRow(adagrad, 0.0f, &pushed[u * dim], w, w + dim, dim);
         }
       }
       t.adagrad.push_back(ProcessCpuSeconds() - t0);

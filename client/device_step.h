@@ -1,7 +1,7 @@
 // The GPU half of a StepPipeline that delivers rows in device memory
 // (PipelineOptions::device >= 0). Internal to the client library; the CUDA
 // implementation is client/cuda/device_step.cu, and builds without CUDA get
-// a factory that says so (client/device_step_none.cc).
+// a factory that says so (client/device_none.cc).
 //
 // A step's life on the device:
 //   network thread  Prepare   lays the step out in pinned host memory: the

@@ -15,8 +15,9 @@
 //
 // Capacity: a table with a capacity spreads it evenly over its buckets
 // (BucketCapacity), so rows never exceed the capacity; a full bucket evicts
-// its lowest-score row (ChooseVictim). A table without one lets every bucket
-// fill all kSlots and grows the bucket count when it gets full.
+// its lowest-score row (ChooseVictim; scores follow kernels/row_policy.h).
+// A table without one lets every bucket fill all kSlots and grows the
+// bucket count when it gets full.
 //
 // Change tracking (delta snapshots), when the arrays are set: `dirty` has a
 // byte per slot, set when the slot's row is inserted or changed, cleared
@@ -156,23 +157,6 @@ EMBER_HD uint32_t ChooseVictim(const uint8_t* digests, const uint32_t* scores) {
     }
   }
   return victim;
-}
-
-// The score of a row after one access: LRU keeps the clock of the call, LFU
-// counts (saturating). Without eviction scores are left alone.
-EMBER_HD uint32_t TouchedScore(EvictionPolicy policy, uint32_t score, uint32_t clock) {
-  switch (policy) {
-    case EvictionPolicy::kLru: return clock;
-    case EvictionPolicy::kLfu: return score == 0xffffffffu ? score : score + 1;
-    case EvictionPolicy::kNone: return score;
-  }
-  return score;
-}
-
-// The score of a row inserted by a call that also accesses it (as
-// FindOrInsert and pushes do): one use for LFU, the clock for LRU.
-EMBER_HD uint32_t InsertedScore(EvictionPolicy policy, uint32_t clock) {
-  return policy == EvictionPolicy::kLfu ? 1u : clock;
 }
 
 enum class Placement : uint8_t { kFound, kInserted, kReplaced, kFull };

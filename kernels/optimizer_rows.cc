@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "common/vector_dispatch.h"
-#include "kernels/optimizer_math.h"
+#include "kernels/row_policy.h"
 
 namespace ember::opt {
 
@@ -17,36 +17,39 @@ inline float GradAt(const void* __restrict g, size_t j) {
   return x;
 }
 
+// The rule over a row. Each state slot is its own restrict pointer, so that
+// the compiler needs no run-time alias check between them; always inlined
+// into UpdateRow's clones, which is where the vector width is chosen.
+template <typename Rule>
+__attribute__((always_inline)) inline void RuleOverRow(const OptimizerConfig& c, float step_size,
+                                                       const void* __restrict g,
+                                                       float* __restrict w, float* __restrict s0,
+                                                       float* __restrict s1, size_t n) {
+  static_assert(Rule::kStateSlots <= 2, "a rule with more slots needs its pointers here");
+  // s1 is null for rules with fewer than two slots.
+  // The config is copied so that the compiler knows no store to a row changes
+  // it (it would otherwise reload it per element and not vectorise).
+  const OptimizerConfig o = c;
+  for (size_t j = 0; j < n; ++j) {
+    float s[row::kMaxStateSlots] = {};
+    if constexpr (Rule::kStateSlots > 0) s[0] = s0[j];
+    if constexpr (Rule::kStateSlots > 1) s[1] = s1[j];
+    Rule::Update(o, step_size, GradAt(g, j), w[j], s);
+    if constexpr (Rule::kStateSlots > 0) s0[j] = s[0];
+    if constexpr (Rule::kStateSlots > 1) s1[j] = s[1];
+  }
+}
+
 }  // namespace
 
-// The config is copied so that the compiler knows no store to a row changes
-// it (it would otherwise reload it per element and not vectorise).
-
 EMBER_VECTOR_CLONES
-void SgdRow(const OptimizerConfig& c, const void* __restrict g, float* __restrict w, size_t n) {
-  const OptimizerConfig o = c;
-  for (size_t j = 0; j < n; ++j) Sgd(o, GradAt(g, j), w[j]);
-}
-
-EMBER_VECTOR_CLONES
-void AdagradRow(const OptimizerConfig& c, const void* __restrict g, float* __restrict w,
-                float* __restrict acc, size_t n) {
-  const OptimizerConfig o = c;
-  for (size_t j = 0; j < n; ++j) Adagrad(o, GradAt(g, j), w[j], acc[j]);
-}
-
-EMBER_VECTOR_CLONES
-void AdamRow(const OptimizerConfig& c, float step_size, const void* __restrict g,
-             float* __restrict w, float* __restrict m, float* __restrict v, size_t n) {
-  const OptimizerConfig o = c;
-  for (size_t j = 0; j < n; ++j) Adam(o, step_size, GradAt(g, j), w[j], m[j], v[j]);
-}
-
-EMBER_VECTOR_CLONES
-void FtrlRow(const OptimizerConfig& c, const void* __restrict g, float* __restrict w,
-             float* __restrict z, float* __restrict sq, size_t n) {
-  const OptimizerConfig o = c;
-  for (size_t j = 0; j < n; ++j) Ftrl(o, GradAt(g, j), w[j], z[j], sq[j]);
+void UpdateRow(const OptimizerConfig& c, float step_size, const void* g, float* w, float* state,
+               size_t n) {
+  row::VisitOptimizer(
+      c.kind, [&](auto rule) __attribute__((always_inline)) {
+        using Rule = decltype(rule);
+        RuleOverRow<Rule>(c, step_size, g, w, state, Rule::kStateSlots > 1 ? state + n : nullptr, n);
+      });
 }
 
 }  // namespace ember::opt

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/row_policy.h"
 
 namespace ember {
 namespace {
@@ -109,25 +110,15 @@ absl::Status ValidateTableConfig(const TableConfig& c) {
 }
 
 size_t OptimizerStateFloatsPerElement(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kAdagrad: return 1;
-    case OptimizerKind::kAdam: return 2;
-    case OptimizerKind::kFtrl: return 2;
-  }
-  return 0;
+  return row::VisitOptimizer(kind, [](auto rule) { return size_t{decltype(rule)::kStateSlots}; });
 }
 
-bool OptimizerHasStepCount(OptimizerKind kind) { return kind == OptimizerKind::kAdam; }
+bool OptimizerHasStepCount(OptimizerKind kind) {
+  return row::VisitOptimizer(kind, [](auto rule) { return decltype(rule)::kHasStep; });
+}
 
 absl::string_view OptimizerName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kAdagrad: return "adagrad";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kFtrl: return "ftrl";
-  }
-  return "unknown";
+  return row::VisitOptimizer(kind, [](auto rule) { return absl::string_view(decltype(rule)::kName); });
 }
 
 absl::string_view InitializerName(InitializerKind kind) {

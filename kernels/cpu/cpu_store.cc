@@ -12,8 +12,8 @@
 #include "common/key_hash.h"
 #include "common/prefetch.h"
 #include "kernels/initializer_math.h"
-#include "kernels/optimizer_math.h"
 #include "kernels/optimizer_rows.h"
+#include "kernels/row_policy.h"
 
 namespace ember {
 namespace {
@@ -288,8 +288,7 @@ void CpuStore::EvictOne(Stripe& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   evictions_.fetch_add(1, std::memory_order_relaxed);
 }
 
-uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock,
-                            bool initialize) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, bool initialize) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (s.size >= s.capacity) {
     if (config().eviction == EvictionPolicy::kNone || config().capacity == 0 || s.size == 0) {
       insert_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -310,7 +309,7 @@ uint32_t CpuStore::InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t cl
   ++s.size;
   uint8_t* record = Record(s, row);
   memcpy(record, &key, 8);
-  *ScoreOf(record) = config().eviction == EvictionPolicy::kLfu ? 0 : clock;
+  *ScoreOf(record) = row::kUntouchedScore;
   if (has_step_) *StepOf(record) = 0;
   if (has_ttl_) {
     *reinterpret_cast<uint32_t*>(record + ttl_offset_) = ttl_now_.load(std::memory_order_relaxed);
@@ -327,14 +326,9 @@ void CpuStore::InitializeRow(uint8_t* record, uint64_t key) const {
   init::InitialRow(config().initializer, key, dim_, dtype_, record + value_offset_);
   float* state = reinterpret_cast<float*>(record + state_offset_);
   const OptimizerConfig& o = config().optimizer;
-  switch (o.kind) {
-    case OptimizerKind::kSgd: break;
-    case OptimizerKind::kAdagrad: std::fill(state, state + dim_, o.initial_accumulator); break;
-    case OptimizerKind::kAdam: std::fill(state, state + 2 * dim_, 0.0f); break;
-    case OptimizerKind::kFtrl:
-      std::fill(state, state + dim_, 0.0f);                              // z
-      std::fill(state + dim_, state + 2 * dim_, o.initial_accumulator);  // n
-      break;
+  const uint32_t slots = static_cast<uint32_t>(state_floats_ / dim_);
+  for (uint32_t k = 0; k < slots; ++k) {
+    std::fill(state + k * dim_, state + (k + 1) * dim_, row::InitialState(o, k));
   }
 }
 
@@ -379,12 +373,8 @@ void CpuStore::Touch(uint8_t* record, uint32_t clock) const {
   // the record's cache line on every lookup.
   if (config().eviction == EvictionPolicy::kNone) return;
   std::atomic_ref<uint32_t> score(*ScoreOf(record));
-  if (config().eviction == EvictionPolicy::kLfu) {
-    const uint32_t v = score.load(std::memory_order_relaxed);
-    if (v != 0xffffffffu) score.store(v + 1, std::memory_order_relaxed);
-  } else {
-    score.store(clock, std::memory_order_relaxed);
-  }
+  score.store(row::TouchedScore(config().eviction, score.load(std::memory_order_relaxed), clock),
+              std::memory_order_relaxed);
 }
 
 void CpuStore::CopyOut(const uint8_t* record, DType out_dtype, uint8_t* out) const {
@@ -521,7 +511,7 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
         const uint64_t key = keys[slot.pos];
         uint32_t r = FindRow(s, key, slot.hash);  // a duplicate or a racing insert
         if (r == kNoRow) {
-          r = InsertRow(s, key, slot.hash, clock);
+          r = InsertRow(s, key, slot.hash);
           if (r == kNoRow) {
             InitialRowOut(key, out_dtype, out + slot.pos * out_row);
             ++failed;
@@ -547,23 +537,9 @@ void CpuStore::ApplyOptimizer(uint8_t* record, const void* grad, float* scratch)
   float* w = dtype_ == DType::kFp32 ? reinterpret_cast<float*>(record + value_offset_) : scratch;
   if (w == scratch) ConvertElements(record + value_offset_, dtype_, w, DType::kFp32, dim_);
   float* state = reinterpret_cast<float*>(record + state_offset_);
-  switch (o.kind) {
-    case OptimizerKind::kSgd:
-      opt::SgdRow(o, grad, w, dim_);
-      break;
-    case OptimizerKind::kAdagrad:
-      opt::AdagradRow(o, grad, w, state, dim_);
-      break;
-    case OptimizerKind::kAdam: {
-      uint32_t* step = StepOf(record);
-      if (*step != 0xffffffffu) ++*step;
-      opt::AdamRow(o, opt::AdamStepSize(o, *step), grad, w, state, state + dim_, dim_);
-      break;
-    }
-    case OptimizerKind::kFtrl:
-      opt::FtrlRow(o, grad, w, state, state + dim_, dim_);
-      break;
-  }
+  float step_size = 0.0f;
+  if (has_step_) step_size = row::AdvanceStep(o, *StepOf(record));
+  opt::UpdateRow(o, step_size, grad, w, state, dim_);
   if (w == scratch) ConvertElements(w, DType::kFp32, record + value_offset_, dtype_, dim_);
 }
 
@@ -642,7 +618,7 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
       }
       uint32_t r = FindRow(s, key, first.hash);
       if (r == kNoRow) {
-        r = InsertRow(s, key, first.hash, clock);
+        r = InsertRow(s, key, first.hash);
         if (r == kNoRow) {
           ++failed;
           continue;
@@ -724,12 +700,11 @@ absl::Status CpuStore::ExportImpl(ExportCursor* cursor, size_t max_rows, Exporte
 }
 
 absl::Status CpuStore::ImportImpl(const ExportedRows& rows) {
-  const uint32_t clock = clock_.load(std::memory_order_relaxed);
   size_t failed = 0;
   ForEachKeyLocked(rows.keys, [&](Stripe& s, const Slot& slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const uint64_t key = rows.keys[slot.pos];
     uint32_t r = FindRow(s, key, slot.hash);
-    if (r == kNoRow) r = InsertRow(s, key, slot.hash, clock, /*initialize=*/false);
+    if (r == kNoRow) r = InsertRow(s, key, slot.hash, /*initialize=*/false);
     if (r == kNoRow) {
       ++failed;
       return;

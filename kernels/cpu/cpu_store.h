@@ -89,9 +89,9 @@ class CpuStore final : public EmbeddingStore {
   uint32_t SlotOfRow(const Stripe& s, uint64_t hash, uint32_t row) const;
   // Inserts an absent key with its initial row and state (or, with
   // `initialize` false, with whatever the caller writes next); returns its
-  // row, or kNoRow if the stripe is full and may not evict.
-  uint32_t InsertRow(Stripe& s, uint64_t key, uint64_t hash, uint32_t clock,
-                     bool initialize = true);
+  // row, or kNoRow if the stripe is full and may not evict. Its score is
+  // row::kUntouchedScore: the access that inserts it touches it next.
+  uint32_t InsertRow(Stripe& s, uint64_t key, uint64_t hash, bool initialize = true);
   void EvictOne(Stripe& s);
   void RemoveRow(Stripe& s, uint32_t row);
   void DeleteSlot(Stripe& s, size_t slot);

@@ -18,9 +18,9 @@
 //   push:      keys are sorted and run-length encoded (dedup), duplicate
 //              gradients are summed in request order, and one thread per
 //              element of each unique row applies the optimizer
-//              (kernels/optimizer_math.h, the CPU store's math; the file is
-//              compiled without FMA contraction, so fp32 SGD and Adagrad rows
-//              match the CPU store bit for bit).
+//              (kernels/row_policy.h, the CPU store's rules; compiled
+//              without FMA contraction, so fp32 SGD and Adagrad rows match
+//              the CPU store bit for bit).
 //
 // Thread safety: calls on one store are serialised (a mutex); different
 // stores run in parallel. Memory: the EmbeddingStore methods take host

@@ -21,7 +21,7 @@ std::string DeviceDescription(int device) {
   cudaDeviceProp prop;
   cudaError_t err = cudaGetDeviceProperties(&prop, device);
   if (err != cudaSuccess) return std::string("unavailable: ") + cudaGetErrorName(err);
-  char buf[256];
+  char buf[sizeof(prop.name) + 96];
   std::snprintf(buf, sizeof(buf), "cuda:%d %s, %.1f GiB, sm_%d%d", device, prop.name,
                 prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
   return buf;

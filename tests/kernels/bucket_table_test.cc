@@ -164,15 +164,6 @@ TEST(BucketTableTest, VictimIsTheLowestOccupiedSlotAmongEqualScores) {
   EXPECT_EQ(ChooseVictim(digests.data(), scores.data()), 77u);
 }
 
-TEST(BucketTableTest, ScoresFollowThePolicy) {
-  EXPECT_EQ(TouchedScore(EvictionPolicy::kLru, 3, 9), 9u);
-  EXPECT_EQ(TouchedScore(EvictionPolicy::kLfu, 3, 9), 4u);
-  EXPECT_EQ(TouchedScore(EvictionPolicy::kLfu, 0xffffffffu, 9), 0xffffffffu);
-  EXPECT_EQ(TouchedScore(EvictionPolicy::kNone, 3, 9), 3u);
-  EXPECT_EQ(InsertedScore(EvictionPolicy::kLfu, 9), 1u);
-  EXPECT_EQ(InsertedScore(EvictionPolicy::kLru, 9), 9u);
-}
-
 }  // namespace
 }  // namespace ember::bucket
 

@@ -9,6 +9,7 @@
 
 #include "common/key_hash.h"
 #include "gtest/gtest.h"
+#include "kernels/row_policy.h"
 #include "tests/kernels/store_implementations.h"
 #include "tests/test_util.h"
 
@@ -121,8 +122,7 @@ TEST_P(CudaAgreementTest, RandomLookupsAndPushesGiveTheCpuStoresRows) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllOptimizersAndDtypes, CudaAgreementTest,
-    ::testing::Combine(::testing::Values(OptimizerKind::kSgd, OptimizerKind::kAdagrad,
-                                         OptimizerKind::kAdam, OptimizerKind::kFtrl),
+    ::testing::Combine(::testing::ValuesIn(row::kAllOptimizers),
                        ::testing::Values(DType::kFp32, DType::kBf16, DType::kFp16)),
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::string(OptimizerName(std::get<0>(info.param))) + "_" +

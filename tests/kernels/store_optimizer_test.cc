@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/initializer_math.h"
+#include "kernels/row_policy.h"
 #include "tests/kernels/store_implementations.h"
 #include "tests/test_util.h"
 
@@ -166,8 +167,7 @@ TYPED_TEST(StoreOptimizerTest, FtrlWithStrongL1DrivesWeightsToExactlyZero) {
 // records) and an export into a fresh store.
 TYPED_TEST(StoreOptimizerTest, WideRowsEvolveAsNarrowRowsElementForElement) {
   constexpr uint32_t kWide = 128;
-  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdagrad, OptimizerKind::kAdam,
-                             OptimizerKind::kFtrl}) {
+  for (OptimizerKind kind : row::kAllOptimizers) {
     for (DType dtype : {DType::kFp32, DType::kFp16}) {
       for (bool ttl : {false, true}) {
         SCOPED_TRACE(absl::StrCat(OptimizerName(kind), " ", DTypeName(dtype), ttl ? " ttl" : ""));
