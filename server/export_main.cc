@@ -1,6 +1,6 @@
 // ember-export: turns one cluster checkpoint (one directory per shard) into
 // serving tables: per table, rows only (fp32 or fp16), keys sorted, in the
-// format ember::ServingTable reads (client/include/ember/serving_table.h).
+// format ember::ServingTable reads (kernels/serving_table.h).
 //
 //   ember-export --checkpoints=/ckpt/s0/cluster-199-...,/ckpt/s1/cluster-199-...
 //       --out=/models/v3 [--dtype=fp16] [--tables=user,item]      (one command line)
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/file_system.h"
-#include "ember/serving_table.h"
+#include "kernels/serving_table.h"
 #include "server/checkpointer.h"
 
 ABSL_FLAG(std::vector<std::string>, checkpoints, {},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs (Debian packages, and a Python
-# virtual environment in .venv), builds, runs every CTest test (unit,
+# virtual environment in .venv), checks the include layers and the paths
+# named in comments (tests/checks/), builds, runs every CTest test (unit,
 # integration with real ember-server processes, the Python package's pytest
 # suites; GPU tests skip without a GPU), then the concurrency tests again under ThreadSanitizer (metrics,
 # store stress, shard and SSP, the client against real shards, and the
@@ -13,6 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash deploy/install-deps.sh
+# The house rules first (seconds): include layers, paths named in comments.
+bash tests/checks/layers.sh
+python3 tests/checks/comment_paths.py
 # The Python package's environment (.venv: numpy, pytest, PyTorch, TensorFlow).
 PYTHON="$(bash scripts/python_env.sh | tail -1)"
 bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"

@@ -14,7 +14,7 @@
 #include "common/key_hash.h"
 #include "common/status_macros.h"
 #include "ember/client.h"
-#include "ember/serving_table.h"
+#include "kernels/serving_table.h"
 #include "ember/step_pipeline.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "google/protobuf/text_format.h"
