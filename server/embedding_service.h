@@ -1,10 +1,7 @@
 // ember.v1.EmbeddingService over a Shard: deadline check, call, status
 // conversion. EmbeddingServiceImpl's handlers serve gRPC's synchronous API
 // (every call on one of the server's polling threads) and, called by
-// server/async_service.h, its async API (the default). EmbeddingCallbackService
-// serves the callback API (calls run on the thread that completed them, and
-// only a lookup that may wait for the consistency clock goes to a pool, so
-// gRPC's threads never block).
+// server/async_service.h, its async API (the default).
 #pragma once
 
 #include "ember/v1/embedding_service.grpc.pb.h"
@@ -82,8 +79,8 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
   friend class ServedExchanges;
   // ExchangeStream, taken raw (the constructor installs it in place of the
   // generated handler): its messages are parsed here and its answers
-  // serialised by SerializeAliased (common/aliased_serialize.h), as on the
-  // callback service, so that rows are not copied again on the way out. The
+  // serialised by SerializeAliased (common/aliased_serialize.h), so that
+  // rows are not copied again on the way out. The
   // wire bytes are the same. One thread of the sync server per open stream,
   // for the stream's life.
   grpc::Status ExchangeStreamRaw(grpc::ServerContext* context,
@@ -96,74 +93,6 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
   ShardMetrics* metrics_;
   const TokenAuth* auth_;
   InflightLimit* inflight_;
-};
-
-// The generated callback service with ExchangeStream taken raw: its
-// messages are parsed here and its answers serialised by SerializeAliased
-// (common/aliased_serialize.h), so that rows are not copied again on the way
-// out. The wire bytes are the same.
-using EmbeddingCallbackBase = v1::EmbeddingService::WithCallbackMethod_Lookup<
-    v1::EmbeddingService::WithCallbackMethod_Push<v1::EmbeddingService::WithCallbackMethod_Exchange<
-        v1::EmbeddingService::WithRawCallbackMethod_ExchangeStream<
-            v1::EmbeddingService::WithCallbackMethod_RegisterWorker<
-                v1::EmbeddingService::WithCallbackMethod_UnregisterWorker<
-                    v1::EmbeddingService::Service>>>>>>;
-
-class EmbeddingCallbackService final : public EmbeddingCallbackBase {
- public:
-  // `shard` and `metrics` (null: none) must outlive the service. Lookups
-  // that may wait run on a pool that keeps `pool_threads` threads (and adds
-  // more while all are busy: server/work_pool.h); with `all_lookups_on_pool`
-  // every lookup does (pushes always run inline: they never wait, and a
-  // lookup may be waiting for one).
-  EmbeddingCallbackService(Shard* shard, ShardMetrics* metrics, int pool_threads,
-                           bool all_lookups_on_pool, const TokenAuth* auth = nullptr,
-                           InflightLimit* inflight = nullptr)
-      : shard_(shard), metrics_(metrics), auth_(auth), inflight_(inflight), pool_(pool_threads),
-        all_lookups_on_pool_(all_lookups_on_pool) {}
-
-  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
-                                   const v1::LookupRequest* request,
-                                   v1::LookupResponse* response) override;
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
-                                 const v1::PushRequest* request,
-                                 v1::PushResponse* response) override;
-  grpc::ServerUnaryReactor* Exchange(grpc::CallbackServerContext* context,
-                                     const v1::ExchangeRequest* request,
-                                     v1::ExchangeResponse* response) override;
-  // A reactor per open stream; each exchange runs like a unary Exchange.
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ExchangeStream(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
-                                           const v1::RegisterWorkerRequest* request,
-                                           v1::RegisterWorkerResponse* response) override;
-  grpc::ServerUnaryReactor* UnregisterWorker(grpc::CallbackServerContext* context,
-                                             const v1::UnregisterWorkerRequest* request,
-                                             v1::UnregisterWorkerResponse* response) override;
-
- private:
-  // Runs `work` (which finishes the call) inline, or on the pool when the
-  // lookup may wait.
-  template <typename Work>
-  void RunLookup(bool may_wait, Work work);
-
-  // Applies the push here and now (it never waits, and a waiting lookup
-  // elsewhere may need it), then runs the lookup inline or on the pool;
-  // `finish` gets the exchange's status, on whichever thread ends it, and
-  // records the call's latency from now.
-  // `in_place`: the request's gradients left where they arrived (Shard::Push).
-  void RunExchange(const v1::ExchangeRequest* request, GradientPieces in_place,
-                   v1::ExchangeResponse* response,
-                   absl::Time deadline, std::function<void(const absl::Status&)> finish);
-
-  class StreamReactor;
-
-  Shard* shard_;
-  ShardMetrics* metrics_;
-  const TokenAuth* auth_;
-  InflightLimit* inflight_;
-  WorkPool pool_;
-  const bool all_lookups_on_pool_;
 };
 
 }  // namespace ember

@@ -10,47 +10,53 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on (0.0.0.0 in containers).");
-ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one and prints it.");
-ABSL_FLAG(uint32_t, shard_index, 0, "This shard's index, 0 <= shard_index < shard_count.");
-ABSL_FLAG(uint32_t, shard_count, 1, "Number of shards in the cluster.");
-ABSL_FLAG(int, worker_threads, 4,
-          "--rpc_mode=async and callback: the threads kept for calls that may block (lookups "
-          "that wait for the SSP clock; async: admin calls); more start while all are busy, "
-          "so a ready call never queues behind waiting ones. --rpc_mode=sync: gRPC threads "
-          "polling for requests; more start while all are busy.");
+namespace {
+// Each flag's default is its option's (server/server.h): written once.
+const ember::ServerOptions& Defaults() {
+  static const ember::ServerOptions defaults;
+  return defaults;
+}
+}  // namespace
+
+ABSL_FLAG(std::string, address, Defaults().address, "Address to listen on (0.0.0.0 in containers).");
+ABSL_FLAG(int, port, Defaults().port, "gRPC port; 0 picks a free one and prints it.");
+ABSL_FLAG(uint32_t, shard_index, Defaults().shard.shard_index, "This shard's index, 0 <= shard_index < shard_count.");
+ABSL_FLAG(uint32_t, shard_count, Defaults().shard.shard_count, "Number of shards in the cluster.");
+ABSL_FLAG(int, worker_threads, Defaults().worker_threads,
+          "--rpc_mode=async: the threads kept for calls that may block (lookups that wait "
+          "for the SSP clock, admin calls); more start while all are busy, so a ready call "
+          "never queues behind waiting ones. --rpc_mode=sync: gRPC threads polling for "
+          "requests; more start while all are busy.");
 ABSL_FLAG(std::string, rpc_mode, "async",
           "How calls run: async (the default: gRPC's async API, each call on the completion "
           "thread that read it, calls that may block on the worker_threads pool; fewest "
           "thread hand-offs per message; no reflection service), sync (gRPC's synchronous "
-          "API, a polling thread per call; serves reflection), "
-          "callback (gRPC's callback API, on the thread that completed the call; a lookup "
-          "that may wait for the SSP clock goes to the worker_threads pool), callback_pool "
-          "(callback API, every lookup on the pool).");
-ABSL_FLAG(int, completion_threads, 1,
+          "API, a polling thread per call, the same handlers; serves gRPC reflection, for "
+          "grpcurl and other tools that discover the API from the shard).");
+ABSL_FLAG(int, completion_threads, Defaults().completion_threads,
           "--rpc_mode=async: threads each polling a completion queue and running its calls; 1 "
           "hands off least, more serve many trainers in parallel.");
 ABSL_FLAG(std::string, table_config_file, "",
           "Optional text-format ember.v1.TableConfigList created at start-up.");
-ABSL_FLAG(uint64_t, max_keys_per_request, uint64_t{8} << 20,
+ABSL_FLAG(uint64_t, max_keys_per_request, Defaults().shard.max_keys_per_request,
           "Most keys one Lookup or Push may carry.");
-ABSL_FLAG(uint64_t, max_message_bytes, uint64_t{256} << 20,
+ABSL_FLAG(uint64_t, max_message_bytes, Defaults().shard.max_message_bytes,
           "Largest request or response message in bytes.");
-ABSL_FLAG(absl::Duration, max_ssp_wait, absl::Seconds(60),
+ABSL_FLAG(absl::Duration, max_ssp_wait, Defaults().shard.max_ssp_wait,
           "Longest a lookup waits for slower workers' pushes (SSP), e.g. 30s.");
-ABSL_FLAG(int, metrics_port, -1,
+ABSL_FLAG(int, metrics_port, Defaults().metrics_port,
           "Prometheus endpoint port (GET /metrics); 0 picks a free one; -1: no metrics.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where tables live: cpu (host memory) or cuda:N (GPU N's memory).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of this shard's checkpoints (one subdirectory each); empty: none.");
-ABSL_FLAG(absl::Duration, checkpoint_interval, absl::ZeroDuration(),
+ABSL_FLAG(absl::Duration, checkpoint_interval, Defaults().checkpoint.interval,
           "Time between periodic checkpoints, e.g. 10m; 0: only on request (and on exit).");
-ABSL_FLAG(bool, checkpoint_incremental, false,
+ABSL_FLAG(bool, checkpoint_incremental, Defaults().checkpoint.incremental,
           "Periodic checkpoints hold only the rows changed since the previous one.");
-ABSL_FLAG(int, checkpoint_full_every, 8,
+ABSL_FLAG(int, checkpoint_full_every, Defaults().checkpoint.full_every,
           "With --checkpoint_incremental, every N-th periodic checkpoint is a full one.");
-ABSL_FLAG(int, checkpoint_keep, 3,
+ABSL_FLAG(int, checkpoint_keep, Defaults().checkpoint.keep,
           "Full checkpoints kept, with the deltas on them; older ones are deleted. 0: all.");
 ABSL_FLAG(bool, checkpoint_on_exit, true,
           "With --checkpoint_dir, write a checkpoint on SIGTERM/SIGINT after serving stops.");
@@ -62,14 +68,14 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificate(s): mutual TLS, every client must present a certificate it signed.");
-ABSL_FLAG(uint32_t, max_tables, 1024, "Most tables on this shard.");
-ABSL_FLAG(uint64_t, max_rows, 0,
+ABSL_FLAG(uint32_t, max_tables, Defaults().shard.max_tables, "Most tables on this shard.");
+ABSL_FLAG(uint64_t, max_rows, Defaults().shard.max_rows,
           "Most rows over all of this shard's tables; writing lookups and pushes that would "
           "insert past it are refused (RESOURCE_EXHAUSTED); 0: no shard-wide limit.");
-ABSL_FLAG(uint64_t, max_inflight_bytes, uint64_t{1} << 30,
+ABSL_FLAG(uint64_t, max_inflight_bytes, Defaults().inflight.total,
           "Request bytes the calls running at once may hold over all connections; beyond, "
           "RESOURCE_EXHAUSTED. 0: no limit.");
-ABSL_FLAG(uint64_t, max_inflight_bytes_per_connection, uint64_t{512} << 20,
+ABSL_FLAG(uint64_t, max_inflight_bytes_per_connection, Defaults().inflight.per_connection,
           "Request bytes the calls of one connection may hold at once; beyond, "
           "RESOURCE_EXHAUSTED. 0: no limit.");
 ABSL_FLAG(std::string, auth_tokens_file, "",
@@ -93,15 +99,11 @@ int main(int argc, char** argv) {
   const std::string rpc_mode = absl::GetFlag(FLAGS_rpc_mode);
   if (rpc_mode == "sync") {
     options.rpc_mode = ember::ServerOptions::RpcMode::kSync;
-  } else if (rpc_mode == "callback") {
-    options.rpc_mode = ember::ServerOptions::RpcMode::kCallback;
-  } else if (rpc_mode == "callback_pool") {
-    options.rpc_mode = ember::ServerOptions::RpcMode::kCallbackPool;
   } else if (rpc_mode == "async") {
     options.rpc_mode = ember::ServerOptions::RpcMode::kAsync;
   } else {
     std::fprintf(stderr,
-                 "ember-server: --rpc_mode: expected async, sync, callback or callback_pool, "
+                 "ember-server: --rpc_mode: expected async or sync, "
                  "received '%s'\n", rpc_mode.c_str());
     return 2;
   }

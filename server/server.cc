@@ -12,6 +12,7 @@
 #include "server/admin_service.h"
 #include "server/async_service.h"
 #include "server/embedding_service.h"
+#include "server/shard_gauges.h"
 #include "spdlog/spdlog.h"
 
 namespace ember {
@@ -19,29 +20,15 @@ namespace ember {
 struct Server::Services {
   Services(const ServerOptions& options, Shard* shard, ShardMetrics* metrics,
            Checkpointer* checkpointer, const TokenAuth* auth, InflightLimit* inflight)
-      : admin(shard, checkpointer, auth) {
-    if (options.rpc_mode == ServerOptions::RpcMode::kSync ||
-        options.rpc_mode == ServerOptions::RpcMode::kAsync) {
-      embedding_sync = std::make_unique<EmbeddingServiceImpl>(shard, metrics, auth, inflight);
-    }
+      : embedding(shard, metrics, auth, inflight), admin(shard, checkpointer, auth) {
     if (options.rpc_mode == ServerOptions::RpcMode::kAsync) {
-      async = std::make_unique<AsyncServices>(embedding_sync.get(), &admin, shard,
-                                              options.worker_threads);
-    } else if (options.rpc_mode != ServerOptions::RpcMode::kSync) {
-      embedding_callback = std::make_unique<EmbeddingCallbackService>(
-          shard, metrics, options.worker_threads,
-          options.rpc_mode == ServerOptions::RpcMode::kCallbackPool, auth, inflight);
+      async = std::make_unique<AsyncServices>(&embedding, &admin, shard, options.worker_threads);
     }
   }
-  grpc::Service* embedding() {
-    return embedding_sync ? static_cast<grpc::Service*>(embedding_sync.get())
-                          : embedding_callback.get();
-  }
-  std::unique_ptr<EmbeddingServiceImpl> embedding_sync;
-  std::unique_ptr<EmbeddingCallbackService> embedding_callback;
+  // kSync registers these handlers with gRPC; kAsync runs the same handlers
+  // from its completion threads (`async`), and registers nothing else.
+  EmbeddingServiceImpl embedding;
   AdminServiceImpl admin;
-  // kAsync: serves both services with the handlers above (which are then
-  // not registered themselves).
   std::unique_ptr<AsyncServices> async;
 };
 
@@ -112,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         .Set(1);
     server->metrics_ = std::make_unique<ShardMetrics>(server->registry_.get());
     server->shard_->SetMetrics(server->metrics_.get());
+    WatchShardGauges(server->shard_.get(), server->metrics_.get());
   }
   server->checkpointer_ = std::make_unique<Checkpointer>(
       server->shard_.get(), options.checkpoint, FileSystem::Posix(), server->metrics_.get());
@@ -151,7 +139,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (async != nullptr) {
     async->Register(&builder, options.completion_threads);
   } else {
-    builder.RegisterService(server->services_->embedding());
+    builder.RegisterService(&server->services_->embedding);
     builder.RegisterService(&server->services_->admin);
   }
   const int max_bytes = static_cast<int>(

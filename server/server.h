@@ -30,19 +30,18 @@ struct ServerOptions {
   std::string address = "127.0.0.1";
   // TCP port; 0 picks a free one (see Server::port()).
   int port = 50051;
-  // gRPC threads polling for requests (gRPC starts more while all are busy);
-  // with the async and callback APIs, the threads kept by the pool for calls
-  // that may block (it adds more while all are busy: server/work_pool.h).
+  // kSync: gRPC threads polling for requests (gRPC starts more while all
+  // are busy); kAsync: the threads kept by the pool for calls that may block
+  // (it adds more while all are busy: server/work_pool.h).
   int worker_threads = 4;
   // How calls run (server/embedding_service.h, server/async_service.h):
-  //   kSync: gRPC's synchronous API, each call on a polling thread;
-  //   kCallback: gRPC's callback API, each call on the thread that completed
-  //     it, and a lookup that may wait for the clock on a pool;
-  //   kCallbackPool: the callback API with every lookup on the pool;
   //   kAsync: gRPC's async API, each call on the completion thread that
   //     read it and only calls that may block on the worker_threads pool;
-  //     no reflection service (server/async_service.h).
-  enum class RpcMode { kSync, kCallback, kCallbackPool, kAsync };
+  //     the fewest thread hand-offs (docs/design.md); no reflection service.
+  //   kSync: gRPC's synchronous API, each call on a polling thread, running
+  //     the same handlers; serves gRPC reflection (grpcurl and other tools
+  //     that discover the API from the shard), which is a sync-API service.
+  enum class RpcMode { kSync, kAsync };
   RpcMode rpc_mode = RpcMode::kAsync;
   // kAsync: threads that each poll a completion queue and run its calls.
   // One is the fewest thread hand-offs per message; more serve many

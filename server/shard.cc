@@ -1,17 +1,15 @@
 #include "server/shard.h"
 
 #include <algorithm>
-#include <limits>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/key_hash.h"
-#include "common/piece_rows.h"
 #include "common/process_cpu.h"
 #include "common/status_macros.h"
 #include "common/uninitialized_resize.h"
 #include "common/wire.h"
 #include "kernels/table_config_proto.h"
+#include "server/push_gradients.h"
 
 #ifndef EMBER_VERSION
 #define EMBER_VERSION "dev"
@@ -230,151 +228,22 @@ absl::Status Shard::ResolveTable(absl::string_view field, const std::string& tab
 
 void Shard::SetMetrics(ShardMetrics* metrics) {
   metrics_ = metrics;
-  {
-    WriterLock lock(&mu_);
-    for (auto& [name, table] : tables_) table->series = metrics->Table(name);
-  }
-  const std::string device = options_.device.ToString();
-  metrics->registry().OnScrape([this, metrics, device] {
-    std::vector<std::shared_ptr<Table>> tables;
-    {
-      ReaderLock lock(&mu_);
-      for (const auto& [name, table] : tables_) tables.push_back(table);
-    }
-    // Dropped tables disappear from the gauges.
-    for (auto* f : {&metrics->table_rows, &metrics->table_capacity, &metrics->table_memory}) {
-      f->Clear();
-    }
-    for (auto* f : {&metrics->table_inserts, &metrics->table_evictions,
-                    &metrics->table_insert_failures, &metrics->table_expired,
-                    &metrics->table_admission_rejected, &metrics->table_admission_dropped}) {
-      f->Clear();
-    }
-    for (const auto& t : tables) {
-      const StoreStats st = t->store->Stats();
-      const metrics::Labels labels = {t->config.name(), device};
-      metrics->table_rows.With(labels).Set(static_cast<double>(st.rows));
-      metrics->table_capacity.With(labels).Set(static_cast<double>(st.capacity));
-      metrics->table_memory.With(labels).Set(static_cast<double>(st.memory_bytes));
-      metrics->table_inserts.With(labels).Mirror(static_cast<double>(st.inserts));
-      metrics->table_evictions.With(labels).Mirror(static_cast<double>(st.evictions));
-      metrics->table_insert_failures.With(labels).Mirror(static_cast<double>(st.insert_failures));
-      metrics->table_expired.With(labels).Mirror(static_cast<double>(st.expired));
-      metrics->table_admission_rejected.With(labels).Mirror(
-          static_cast<double>(st.admission_rejected));
-      metrics->table_admission_dropped.With(labels).Mirror(static_cast<double>(st.admission_dropped));
-    }
-    const std::map<uint32_t, int64_t> applied = clock_.AppliedSteps();
-    int64_t fastest = -1;
-    for (const auto& [id, step] : applied) fastest = std::max(fastest, step);
-    metrics->worker_lag.Clear();
-    for (const auto& [id, step] : applied) {
-      metrics->worker_lag.With({absl::StrCat(id)}).Set(static_cast<double>(fastest - step));
-    }
-    metrics->registered_workers.Set(static_cast<double>(applied.size()));
-  });
+  WriterLock lock(&mu_);
+  for (auto& [name, table] : tables_) table->series = metrics->Table(name);
 }
 
-absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool delta,
-                                              absl::Time deadline, bool as_is) {
-  std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
-  ShardSnapshot snap;
-  const absl::Time start = absl::Now();
-  bool holding = false;
-  absl::Cleanup release = [&] {
-    if (holding) clock_.ReleaseHold();
-  };
-  if (as_is) {
-    const int64_t min_applied = clock_.MinApplied();
-    snap.step = min_applied == std::numeric_limits<int64_t>::max() ? -1 : min_applied;
-  } else {
-    snap.step = step.has_value() ? *step : clock_.LatestStep();
-    EMBER_RETURN_IF_ERROR(clock_.HoldAfter(snap.step));
-    holding = true;
-    if (snap.step >= 0) {
-      EMBER_RETURN_IF_ERROR(clock_.WaitFor(
-          snap.step, deadline, absl::StrCat("checkpoint at step ", snap.step)));
-    }
-  }
-  snap.workers = clock_.Workers();
-  const absl::Time cut = absl::Now();
-  snap.cut_wait = cut - start;
-
+std::vector<std::shared_ptr<Shard::Table>> Shard::TableList() const {
   std::vector<std::shared_ptr<Table>> tables;
-  {
-    ReaderLock lock(&mu_);
-    for (const auto& [name, table] : tables_) tables.push_back(table);
-  }
-  std::sort(tables.begin(), tables.end(),
-            [](const auto& a, const auto& b) { return a->config.name() < b->config.name(); });
-  // A batch ends at the first store unit (stripe) boundary past this many
-  // rows: a few MB per file write.
-  constexpr size_t kBatchRows = size_t{1} << 16;
-  for (const auto& t : tables) {
-    ShardSnapshot::Table& out = snap.tables.emplace_back();
-    out.config = t->config;
-    SnapshotKind kind = delta ? SnapshotKind::kDelta : SnapshotKind::kFull;
-    ExportCursor cursor;
-    while (!cursor.done) {
-      SnapshotBatch& batch = out.batches.emplace_back();
-      absl::Status s = t->store->Snapshot(kind, &cursor, kBatchRows, &batch);
-      if (kind == SnapshotKind::kDelta && out.batches.size() == 1 &&
-          (absl::IsFailedPrecondition(s) || absl::IsUnimplemented(s))) {
-        // The store has no changes to give (new since the last snapshot, or
-        // it does not track them): this table goes in whole.
-        kind = SnapshotKind::kFull;
-        cursor = ExportCursor{};
-        out.batches.clear();
-        continue;
-      }
-      EMBER_RETURN_IF_ERROR(s);
-      out.rows += batch.rows.keys.size();
-      out.removed_keys += batch.removed.size();
-    }
-    out.full = kind == SnapshotKind::kFull;
-  }
-  snap.copy = absl::Now() - cut;
-  return snap;
+  ReaderLock lock(&mu_);
+  tables.reserve(tables_.size());
+  for (const auto& [name, table] : tables_) tables.push_back(table);
+  return tables;
 }
 
-uint64_t Shard::ExpireRows(absl::Duration since_start) {
-  std::vector<std::shared_ptr<Table>> tables;
-  {
-    ReaderLock lock(&mu_);
-    for (const auto& [name, table] : tables_) tables.push_back(table);
-  }
-  const int64_t seconds = absl::ToInt64Seconds(since_start);
-  const int64_t step = clock_.LatestStep();
-  uint64_t evicted = 0;
-  for (const auto& t : tables) {
-    const TtlConfig ttl{t->config.ttl().seconds(), t->config.ttl().steps()};
-    if (!ttl.enabled()) continue;
-    // Stamps are 32 bits: seconds for 136 years, steps up to 2^32.
-    const int64_t now = std::clamp<int64_t>(ttl.seconds > 0 ? seconds : step, 0, 0xffffffffLL);
-    t->store->SetTtlTime(static_cast<uint32_t>(now));
-    if (now <= static_cast<int64_t>(ttl.limit())) continue;
-    absl::StatusOr<uint64_t> n =
-        t->store->EvictExpired(static_cast<uint32_t>(now - static_cast<int64_t>(ttl.limit())));
-    if (n.ok()) evicted += *n;
-  }
-  return evicted;
-}
-
-void Shard::InstallRestored(std::vector<RestoredTable> restored,
-                            const std::map<uint32_t, SspClock::Progress>& workers, const std::string& source) {
-  absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables;
-  for (RestoredTable& r : restored) {
-    auto table = std::make_shared<Table>(Table{std::move(r.config), std::move(r.store)});
-    if (metrics_ != nullptr) table->series = metrics_->Table(table->config.name());
-    tables.emplace(table->config.name(), std::move(table));
-  }
-  {
-    WriterLock lock(&mu_);
-    tables_.swap(tables);
-    restored_from_ = source;
-  }
-  for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
-  for (const auto& [id, progress] : workers) clock_.Restore(id, progress);
+std::vector<Shard::TableStats> Shard::AllTableStats() const {
+  std::vector<TableStats> out;
+  for (const auto& t : TableList()) out.push_back({t->config.name(), t->store->Stats()});
+  return out;
 }
 
 absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,
@@ -492,49 +361,6 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-// Rows at least this long are read by address where they arrived; shorter
-// ones split between pieces are packed into one buffer first. Reading by
-// address saves the copy but costs a few ns per row (the address array, and
-// rows at any alignment read in the apply pass's random order), which only
-// wide rows repay: bench/push_parse_bench, in place against protobuf's
-// copy, measured 1.02, 1.09, 1.03, 0.98 and 0.93 at dims 8, 32, 64, 128 and
-// 256 (fp32) with every field split this way.
-constexpr size_t kByAddressMinRowBytes = 512;
-
-// Table i's gradients, read where they are: the field, one piece as it
-// lies, or several pieces by row address (wide rows; a row split between
-// pieces is copied into `*copies`, and the addresses are appended to
-// `*addresses`, which must have room for them: no reallocation) or packed
-// into `*copies`. Pieces that do not hold exactly the rows asked for are
-// packed, for the store to report their size as it does a field's.
-GradientRows GradientsOf(const v1::TableGradients& t, const std::vector<absl::string_view>* pieces,
-                         size_t rows, size_t row_bytes, std::vector<const uint8_t*>* addresses,
-                         std::string* copies) {
-  auto packed = [](absl::string_view bytes) {
-    return GradientRows(
-        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-  };
-  if (pieces == nullptr) return packed(t.gradients());
-  if (pieces->size() == 1) return packed(pieces->front());
-  size_t bytes = 0;
-  for (absl::string_view p : *pieces) bytes += p.size();
-  if (bytes != rows * row_bytes || row_bytes < kByAddressMinRowBytes) {
-    copies->clear();
-    copies->reserve(bytes);
-    for (absl::string_view p : *pieces) copies->append(p.data(), p.size());
-    return packed(*copies);
-  }
-  const size_t first = addresses->size();
-  ForEachPieceRow(*pieces, row_bytes, copies, [&](size_t, const char* row) {
-    addresses->push_back(reinterpret_cast<const uint8_t*>(row));
-  });
-  return GradientRows(absl::Span<const uint8_t* const>(addresses->data() + first, rows), row_bytes);
-}
-
-}  // namespace
 
 absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* response,
                          GradientPieces in_place) {

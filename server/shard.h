@@ -129,9 +129,8 @@ class Shard {
                             GradientPieces in_place = {});
   absl::Status ExchangeLookup(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
                               absl::Time deadline);
-  // Counts this shard's traffic in `metrics` (which must outlive the shard)
-  // and refreshes its table and clock gauges at every scrape. Call before
-  // serving.
+  // Counts this shard's traffic in `metrics` (which must outlive the shard).
+  // Call before serving. The gauges come from server/shard_gauges.h.
   void SetMetrics(ShardMetrics* metrics);
 
   // Copies the shard's state at a step boundary into memory: holds pushes of
@@ -169,6 +168,16 @@ class Shard {
                               v1::RegisterWorkerResponse* response);
   void UnregisterWorker(const v1::UnregisterWorkerRequest& request,
                         v1::UnregisterWorkerResponse* response);
+
+  // Read API for gauges (server/shard_gauges.h). Thread-safe.
+  struct TableStats {
+    std::string name;
+    StoreStats stats;
+  };
+  // Every table's store counters, in no order.
+  std::vector<TableStats> AllTableStats() const;
+  // The latest step each registered worker has applied on this shard.
+  std::map<uint32_t, int64_t> AppliedSteps() const { return clock_.AppliedSteps(); }
 
  private:
   // Lookup, with `reserved_bytes` of the response message already taken
@@ -209,6 +218,8 @@ class Shard {
                               const std::vector<bool>& writes) const;
   absl::Status CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const;
   void FillTableInfo(const Table& table, v1::TableInfo* info) const;
+  // The tables as they are now (each stays alive while held).
+  std::vector<std::shared_ptr<Table>> TableList() const;
 
   const ShardOptions options_;
   const absl::Time start_time_ = absl::Now();

@@ -217,7 +217,7 @@ TEST_F(ExchangeStreamTest, ANullHandedOverRequestIsRefusedNamingItsIndex) {
 // blame the shard; every server mode parses the stream itself and blames the
 // request.
 TEST_F(ExchangeStreamTest, AShardOfEveryModeAnswersAStreamMessageThatIsNotARequestWithInvalidArgument) {
-  for (const char* mode : {"--rpc_mode=sync", "--rpc_mode=callback", "--rpc_mode=async"}) {
+  for (const char* mode : {"--rpc_mode=sync", "--rpc_mode=async"}) {
     SCOPED_TRACE(mode);
     absl::StatusOr<Cluster> cluster = StartCluster(1, {mode});
     ASSERT_OK(cluster);
@@ -241,8 +241,8 @@ TEST_F(ExchangeStreamTest, AShardOfEveryModeAnswersAStreamMessageThatIsNotAReque
   }
 }
 
-// The suite's shards: async (the default), or sync or callback in the sync/
-// and callback/ runs of the suite.
+// The suite's shards: async (the default), or sync in the sync/ run of the
+// suite.
 TEST_F(ExchangeStreamTest, AShardFailsAStreamMessageThatIsNotARequestAndServesOn) {
   const grpc::Status s = SendRaw(shards_[0]->address(), NotAMessage());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
