@@ -124,6 +124,25 @@ struct Ftrl {
   }
 };
 
+// RMSProp (Hinton's lecture 6e; Keras' RMSprop without momentum):
+//   ms = rho ms + (1 - rho) g^2;  w -= lr * g / (sqrt(ms) + eps)
+// Adagrad whose accumulator decays, so that a row's step size does not
+// shrink for ever on a long-lived hot key.
+struct RmsProp {
+  static constexpr OptimizerKind kKind = OptimizerKind::kRmsProp;
+  static constexpr const char* kName = "rmsprop";
+  static constexpr uint32_t kStateSlots = 1;  // ms
+  static constexpr bool kHasStep = false;
+  EMBER_HD static float InitialState(const OptimizerConfig& c, uint32_t) {
+    return c.initial_accumulator;
+  }
+  EMBER_HD static float StepSize(const OptimizerConfig&, uint32_t) { return 0.0f; }
+  EMBER_HD static void Update(const OptimizerConfig& c, float, float g, float& w, float* s) {
+    s[0] = c.rho * s[0] + (1.0f - c.rho) * g * g;
+    w -= c.learning_rate * g / (sqrtf(s[0]) + c.epsilon);
+  }
+};
+
 // Calls fn(Rule{}) with the rule of `kind` and returns what it returns. The
 // one switch on OptimizerKind: a kind missing here fails the build (-Wswitch
 // is an error in kernels/).
@@ -138,13 +157,16 @@ EMBER_HD_INLINE decltype(auto) VisitOptimizer(OptimizerKind kind, Fn&& fn) {
       return fn(Adam{});
     case OptimizerKind::kFtrl:
       return fn(Ftrl{});
+    case OptimizerKind::kRmsProp:
+      return fn(RmsProp{});
   }
   return fn(Sgd{});  // not reached: kinds are validated when a table is made
 }
 
 // Every optimizer, for suites that cover them all.
 inline constexpr OptimizerKind kAllOptimizers[] = {OptimizerKind::kSgd, OptimizerKind::kAdagrad,
-                                                   OptimizerKind::kAdam, OptimizerKind::kFtrl};
+                                                   OptimizerKind::kAdam, OptimizerKind::kFtrl,
+                                                   OptimizerKind::kRmsProp};
 
 // Slot k's starting value in a new row (k < the rule's kStateSlots).
 EMBER_HD float InitialState(const OptimizerConfig& c, uint32_t k) {

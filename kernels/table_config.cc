@@ -73,6 +73,10 @@ absl::Status ValidateTableConfig(const TableConfig& c) {
                    absl::StrCat("expected beta1, beta2 in [0, 1), received ", o.beta1, ", ",
                                 o.beta2));
   }
+  if (!(o.rho >= 0 && o.rho < 1)) {
+    return Invalid(c, "optimizer.rmsprop.rho",
+                   absl::StrCat("expected in [0, 1), received ", o.rho));
+  }
   const std::pair<const char*, float> ftrl[] = {
       {"optimizer.ftrl.beta", o.ftrl_beta}, {"optimizer.ftrl.l1", o.l1}, {"optimizer.ftrl.l2", o.l2}};
   for (const auto& [field, v] : ftrl) {

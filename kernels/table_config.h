@@ -26,16 +26,16 @@ struct InitializerConfig {
   uint64_t seed = 0;
 };
 
-enum class OptimizerKind : uint8_t { kSgd, kAdagrad, kAdam, kFtrl };
+enum class OptimizerKind : uint8_t { kSgd, kAdagrad, kAdam, kFtrl, kRmsProp };
 
 // Hyper-parameters; fields an optimizer does not use are ignored. Defaults are
 // resolved (no zero-means-default here: the proto conversion does that).
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
-  // Adagrad: starting accumulator. FTRL: starting n.
+  // Adagrad: starting accumulator. FTRL: starting n. RMSProp: starting ms.
   float initial_accumulator = 0.1f;
-  // Adagrad and Adam.
+  // Adagrad, Adam and RMSProp.
   float epsilon = 1e-7f;
   // Adam.
   float beta1 = 0.9f;
@@ -44,6 +44,8 @@ struct OptimizerConfig {
   float ftrl_beta = 1.0f;
   float l1 = 0.0f;
   float l2 = 0.0f;
+  // RMSProp: decay of the mean square, in [0, 1).
+  float rho = 0.9f;
 };
 
 enum class EvictionPolicy : uint8_t { kNone, kLru, kLfu };
@@ -85,7 +87,7 @@ struct TableConfig {
 // OK, or INVALID_ARGUMENT naming the table and the first offending field.
 absl::Status ValidateTableConfig(const TableConfig& config);
 
-// fp32 optimizer-state values per row element (Adagrad 1, Adam 2, FTRL 2).
+// fp32 optimizer-state values per row element (Adagrad 1, Adam 2, FTRL 2, RMSProp 1).
 size_t OptimizerStateFloatsPerElement(OptimizerKind kind);
 
 // True if the optimizer keeps a per-row step count (Adam's bias correction).

@@ -58,7 +58,7 @@ absl::StatusOr<v1::TableConfig> NormalizeTableConfig(const v1::TableConfig& in) 
     return Invalid(c, "initializer", "required (zeros, constant, uniform, normal or truncated_normal)");
   }
   if (!c.has_optimizer() || c.optimizer().kind_case() == v1::Optimizer::KIND_NOT_SET) {
-    return Invalid(c, "optimizer", "required (sgd, adagrad, adam or ftrl)");
+    return Invalid(c, "optimizer", "required (sgd, adagrad, adam, ftrl or rmsprop)");
   }
   v1::Optimizer* o = c.mutable_optimizer();
   switch (o->kind_case()) {
@@ -75,6 +75,12 @@ absl::StatusOr<v1::TableConfig> NormalizeTableConfig(const v1::TableConfig& in) 
     case v1::Optimizer::kFtrl:
       o->mutable_ftrl()->set_beta(OrDefault(o->ftrl().beta(), 1.0f));
       break;
+    case v1::Optimizer::kRmsprop: {
+      v1::Optimizer::RmsProp* r = o->mutable_rmsprop();
+      r->set_rho(OrDefault(r->rho(), 0.9f));
+      r->set_epsilon(OrDefault(r->epsilon(), 1e-7f));
+      break;
+    }
     default: break;
   }
   if (c.eviction() != v1::EVICTION_POLICY_NONE && c.eviction() != v1::EVICTION_POLICY_LRU &&
@@ -156,6 +162,13 @@ absl::StatusOr<TableConfig> TableConfigFromProto(const v1::TableConfig& p) {
       oc.l1 = o.ftrl().l1();
       oc.l2 = o.ftrl().l2();
       oc.initial_accumulator = o.ftrl().initial_accumulator();
+      break;
+    case v1::Optimizer::kRmsprop:
+      oc.kind = OptimizerKind::kRmsProp;
+      oc.learning_rate = o.rmsprop().learning_rate();
+      oc.rho = o.rmsprop().rho();
+      oc.epsilon = o.rmsprop().epsilon();
+      oc.initial_accumulator = o.rmsprop().initial_accumulator();
       break;
     default: return Invalid(p, "optimizer", "required");
   }

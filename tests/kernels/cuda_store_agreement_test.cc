@@ -25,13 +25,15 @@ class CudaAgreementTest : public ::testing::TestWithParam<Case> {
   }
 };
 
-// fp32 SGD and Adagrad use only correctly rounded operations in the same
+// fp32 SGD, Adagrad and RMSProp use only correctly rounded operations in the same
 // order on both sides (the CUDA file is built without FMA contraction), so
 // they must match exactly; Adam's bias correction calls pow and FTRL's
 // sqrt differences compound, so those get a relative tolerance.
 float Tolerance(OptimizerKind o, DType d) {
   if (d != DType::kFp32) return 1e-2f;  // one half-precision ulp after rounding
-  return (o == OptimizerKind::kSgd || o == OptimizerKind::kAdagrad) ? 0.0f : 1e-5f;
+  return (o == OptimizerKind::kSgd || o == OptimizerKind::kAdagrad || o == OptimizerKind::kRmsProp)
+             ? 0.0f
+             : 1e-5f;
 }
 
 TEST_P(CudaAgreementTest, RandomLookupsAndPushesGiveTheCpuStoresRows) {

@@ -31,7 +31,9 @@ RefRow InitialRef(const TableConfig& c, uint64_t key) {
   init::InitialRow(c.initializer, key, kDim, DType::kFp32, row);
   for (uint32_t j = 0; j < kDim; ++j) {
     r.w[j] = row[j];
-    if (c.optimizer.kind == OptimizerKind::kAdagrad) r.s0[j] = c.optimizer.initial_accumulator;
+    if (c.optimizer.kind == OptimizerKind::kAdagrad || c.optimizer.kind == OptimizerKind::kRmsProp) {
+      r.s0[j] = c.optimizer.initial_accumulator;
+    }
     if (c.optimizer.kind == OptimizerKind::kFtrl) r.s1[j] = c.optimizer.initial_accumulator;
   }
   return r;
@@ -55,6 +57,10 @@ void RefStep(const OptimizerConfig& o, const double* g, RefRow& r) {
         r.w[j] -= lr_t * r.s0[j] / (std::sqrt(r.s1[j]) + o.epsilon);
         break;
       }
+      case OptimizerKind::kRmsProp:
+        r.s0[j] = o.rho * r.s0[j] + (1 - o.rho) * g[j] * g[j];
+        r.w[j] -= lr * g[j] / (std::sqrt(r.s0[j]) + o.epsilon);
+        break;
       case OptimizerKind::kFtrl: {
         const double n_new = r.s1[j] + g[j] * g[j];
         const double sigma = (std::sqrt(n_new) - std::sqrt(r.s1[j])) / lr;
@@ -147,6 +153,14 @@ TYPED_TEST(StoreOptimizerTest, FtrlProximalMatchesReferenceOverSixSteps) {
   c.optimizer.l1 = 0.05f;
   c.optimizer.l2 = 0.01f;
   c.optimizer.initial_accumulator = 0.1f;
+  this->RunAndCompare(c, 1e-5);
+}
+
+TYPED_TEST(StoreOptimizerTest, RmsPropMatchesReferenceOverSixSteps) {
+  TableConfig c = this->Base(OptimizerKind::kRmsProp);
+  c.optimizer.rho = 0.8f;
+  c.optimizer.initial_accumulator = 0.0f;  // Keras' start: the first step is lr / sqrt(1 - rho)
+  c.optimizer.epsilon = 1e-7f;
   this->RunAndCompare(c, 1e-5);
 }
 

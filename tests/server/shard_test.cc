@@ -113,6 +113,21 @@ TEST_F(ShardTest, BadOptimizerInitializerAndEvictionValuesAreQuotedInTheError) {
   for (const char* name : {"f", "c", "e"}) EXPECT_EQ(StoredRows(name), ~uint64_t{0}) << name;
 }
 
+TEST_F(ShardTest, RmsPropTablesGetDefaultsAndABadRhoIsRefused) {
+  v1::CreateTableResponse r;
+  v1::TableConfig c = AdagradTable("r", 4);
+  c.mutable_optimizer()->mutable_rmsprop()->set_learning_rate(0.01f);
+  ASSERT_OK(shard_.CreateTable(c, &r));
+  EXPECT_TRUE(r.created());
+  EXPECT_EQ(r.table().config().optimizer().rmsprop().rho(), 0.9f);
+  EXPECT_EQ(r.table().config().optimizer().rmsprop().epsilon(), 1e-7f);
+  c.set_name("bad");
+  c.mutable_optimizer()->mutable_rmsprop()->set_rho(1.5f);
+  ExpectError(shard_.CreateTable(c, &r), absl::StatusCode::kInvalidArgument,
+              {"table 'bad'", "'optimizer.rmsprop.rho'", "expected in [0, 1)", "received 1.5"});
+  EXPECT_EQ(StoredRows("bad"), ~uint64_t{0});
+}
+
 TEST_F(ShardTest, ListTablesIsSortedAndDropTableRemoves) {
   v1::ListTablesResponse list;
   shard_.ListTables(&list);
