@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -33,8 +34,8 @@ struct ember_pipeline {
   // the pipeline is closing, under mu.
   std::mutex mu;
   std::condition_variable pushed;
-  int64_t next_push = 0;
-  bool closing = false;
+  int64_t next_push ABSL_GUARDED_BY(mu) = 0;
+  bool closing ABSL_GUARDED_BY(mu) = false;
 };
 
 namespace {

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "client/call_driver.h"
 #include "ember/exchange_answer.h"
@@ -129,7 +130,7 @@ class ExchangeSessionPool {
   const absl::Duration exchange_timeout_;
   const std::string auth_token_;
   std::mutex mu_;
-  std::vector<std::unique_ptr<ExchangeSession>> idle_;
+  std::vector<std::unique_ptr<ExchangeSession>> idle_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember

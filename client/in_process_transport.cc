@@ -1,12 +1,13 @@
-// The in-process ExchangeTransport: ranks are threads of one process that
+// The in-process ShuffleTransport: ranks are threads of one process that
 // meet at a shared mailbox. Each AllToAll is one round: every rank posts its
 // blocks, waits until all have posted, takes its column, and waits until all
 // have taken theirs before the mailbox is reused.
 #include <condition_variable>
 #include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 
 namespace ember {
 namespace {
@@ -66,14 +67,14 @@ class Mailbox {
   const uint32_t size_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::vector<std::vector<uint8_t>>> slots_;  // [source][destination]
-  uint32_t posted_ = 0;
-  uint32_t taken_ = 0;
-  uint64_t round_ = 0;
-  bool broken_ = false;
+  std::vector<std::vector<std::vector<uint8_t>>> slots_ ABSL_GUARDED_BY(mu_);  // [source][destination]
+  uint32_t posted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t taken_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-class InProcessTransport final : public ExchangeTransport {
+class InProcessTransport final : public ShuffleTransport {
  public:
   InProcessTransport(std::shared_ptr<Mailbox> box, uint32_t rank, uint32_t size)
       : box_(std::move(box)), rank_(rank), size_(size) {}
@@ -92,9 +93,9 @@ class InProcessTransport final : public ExchangeTransport {
 
 }  // namespace
 
-std::vector<std::unique_ptr<ExchangeTransport>> NewInProcessTransports(uint32_t size) {
+std::vector<std::unique_ptr<ShuffleTransport>> NewInProcessTransports(uint32_t size) {
   auto box = std::make_shared<Mailbox>(size);
-  std::vector<std::unique_ptr<ExchangeTransport>> out;
+  std::vector<std::unique_ptr<ShuffleTransport>> out;
   for (uint32_t r = 0; r < size; ++r) out.push_back(std::make_unique<InProcessTransport>(box, r, size));
   return out;
 }

@@ -4,12 +4,12 @@
 
 namespace ember {
 
-absl::StatusOr<std::vector<std::unique_ptr<ExchangeTransport>>> NewNcclTransports(
+absl::StatusOr<std::vector<std::unique_ptr<ShuffleTransport>>> NewNcclTransports(
     const std::vector<int>&) {
   return NoCuda("NCCL transport");
 }
 absl::StatusOr<std::string> NewNcclUniqueId() { return NoCuda("NCCL transport"); }
-absl::StatusOr<std::unique_ptr<ExchangeTransport>> NewNcclTransport(const std::string&, uint32_t,
+absl::StatusOr<std::unique_ptr<ShuffleTransport>> NewNcclTransport(const std::string&, uint32_t,
                                                                      uint32_t, int) {
   return NoCuda("NCCL transport");
 }

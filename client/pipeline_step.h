@@ -18,7 +18,7 @@ struct PipelineStep {
   Batch batch;
   std::vector<std::vector<uint64_t>> unique;   // per table
   std::vector<std::vector<uint32_t>> inverse;  // per feature: unique index of each id
-  // With a node exchange: per table, the keys this rank fetches and pushes
+  // With a node shuffle: per table, the keys this rank fetches and pushes
   // for the whole node. Without, the fetched keys are `unique`.
   std::vector<std::vector<uint64_t>> owned;
   // Which shard serves each fetched key; the push goes the same way.
@@ -28,7 +28,7 @@ struct PipelineStep {
   std::unique_ptr<DeviceStep> dev;           // the step on the GPU (device sink)
   bool ready = false;  // the fetch finished (or failed: see the pipeline's error)
   // For the metrics: when Prefetch queued it and when its rows were ready;
-  // its ids; the bytes its fetch, push and node exchange moved.
+  // its ids; the bytes its fetch, push and node shuffle moved.
   absl::Time prefetched;
   absl::Time ready_at;
   uint64_t keys = 0;

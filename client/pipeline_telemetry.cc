@@ -76,17 +76,17 @@ void PipelineTelemetry::Fetching(uint64_t unique_keys, uint64_t keys, int64_t st
   metrics_->staleness->Set(static_cast<double>(std::max<int64_t>(0, staleness)));
 }
 
-void PipelineTelemetry::Bytes(uint64_t sent, uint64_t received, uint64_t node_exchange) {
+void PipelineTelemetry::Bytes(uint64_t sent, uint64_t received, uint64_t node_shuffle) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_sent += sent;
     stats_.bytes_received += received;
-    stats_.exchange_bytes += node_exchange;
+    stats_.exchange_bytes += node_shuffle;
   }
   if (metrics_ == nullptr) return;
   metrics_->bytes_sent->Add(static_cast<double>(sent));
   metrics_->bytes_received->Add(static_cast<double>(received));
-  metrics_->bytes_node_exchange->Add(static_cast<double>(node_exchange));
+  metrics_->bytes_node_shuffle->Add(static_cast<double>(node_shuffle));
 }
 
 void PipelineTelemetry::Waited(double waited, double fetch, bool ok) {

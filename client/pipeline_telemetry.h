@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "ember/client.h"
@@ -39,7 +40,7 @@ class PipelineTelemetry {
   // A step's fetch about to go out: its unique keys (of `keys` ids) and how
   // many of this worker's own earlier steps' pushes it will not see.
   void Fetching(uint64_t unique_keys, uint64_t keys, int64_t staleness);
-  void Bytes(uint64_t sent, uint64_t received, uint64_t node_exchange);
+  void Bytes(uint64_t sent, uint64_t received, uint64_t node_shuffle);
   // Wait blocked `waited` seconds of a fetch that took `fetch` seconds;
   // ok: the step's rows were delivered (the series count only those).
   void Waited(double waited, double fetch, bool ok);
@@ -56,7 +57,7 @@ class PipelineTelemetry {
   TraceRecorder* const trace_;
   TrainerMetrics::Pipeline* metrics_ = nullptr;  // series are updated lock-free
   mutable std::mutex mu_;
-  PipelineStats stats_;
+  PipelineStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember

@@ -1,4 +1,4 @@
-#include "ember/step_merger.h"
+#include "client/internal/step_merger_impl.h"
 
 #include <cstring>
 
@@ -10,53 +10,39 @@
 #include "common/status_macros.h"
 
 namespace ember {
+namespace internal {
 
 // A fetched step, merged: per table the node's unique keys and, per rank,
 // where each of the rank's unique keys sits among them.
-struct StepMerger::MergedStep {
+struct StepMergerImpl::MergedStep {
   std::vector<std::vector<uint64_t>> keys;              // [table]
   std::vector<std::vector<std::vector<uint32_t>>> map;  // [rank][table][rank's key]
   RequestPlan plan;
 };
 
-StepMerger::StepMerger(Client* client, StepMergerOptions options)
+StepMergerImpl::StepMergerImpl(Client* client, StepMergerOptions options)
     : client_(client), options_(std::move(options)), dedup_(std::make_unique<KeyDeduplicator>()) {
   parts_.assign(options_.ranks, nullptr);
   joined_.assign(options_.ranks, false);
 }
 
-absl::StatusOr<std::unique_ptr<StepMerger>> StepMerger::Create(Client* client,
-                                                               StepMergerOptions options) {
-  if (options.ranks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StepMerger ranks: expected >= 1, received ", options.ranks));
-  }
-  if (options.first_step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StepMerger first_step: expected >= 0, received ", options.first_step));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("StepMerger timeout: expected > 0, received ",
-                                                   absl::FormatDuration(options.timeout)));
-  }
-  std::unique_ptr<StepMerger> m(new StepMerger(client, std::move(options)));
-  if (m->options_.staleness >= 0) {
-    EMBER_RETURN_IF_ERROR(client->RegisterWorker(m->options_.worker_id, m->options_.first_step));
-    m->registered_ = true;
-  }
-  return m;
+absl::Status StepMergerImpl::Register() {
+  if (options_.staleness < 0) return absl::OkStatus();
+  EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
+  registered_ = true;
+  return absl::OkStatus();
 }
 
-StepMerger::~StepMerger() {
+StepMergerImpl::~StepMergerImpl() {
   if (registered_) (void)client_->UnregisterWorker(options_.worker_id);
 }
 
-StepMergerStats StepMerger::Stats() const {
+StepMergerStats StepMergerImpl::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 
-absl::Status StepMerger::Join(int rank, const std::vector<std::string>& tables,
+absl::Status StepMergerImpl::Join(int rank, const std::vector<std::string>& tables,
                               const std::vector<uint32_t>& dims) {
   std::lock_guard<std::mutex> lock(mu_);
   if (rank < 0 || rank >= options_.ranks) {
@@ -80,7 +66,7 @@ absl::Status StepMerger::Join(int rank, const std::vector<std::string>& tables,
   return absl::OkStatus();
 }
 
-absl::Status StepMerger::Exchange(int rank, Part* part) {
+absl::Status StepMergerImpl::Merge(int rank, Part* part) {
   std::unique_lock<std::mutex> lock(mu_);
   EMBER_RETURN_IF_ERROR(failed_);
   parts_[rank] = part;
@@ -130,7 +116,7 @@ absl::Status StepMerger::Exchange(int rank, Part* part) {
   return status;
 }
 
-absl::Status StepMerger::CheckInStep(const std::vector<Part*>& parts) const {
+absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const {
   auto describe = [](const Part& p) {
     return absl::StrCat(p.push_step ? absl::StrCat("pushes step ", *p.push_step) : "pushes nothing",
                         " and ",
@@ -147,7 +133,7 @@ absl::Status StepMerger::CheckInStep(const std::vector<Part*>& parts) const {
   return absl::OkStatus();
 }
 
-absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
+absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
   EMBER_RETURN_IF_ERROR(CheckInStep(parts));
   const Part& first = *parts[0];
   const size_t tables = tables_.size();
@@ -271,5 +257,36 @@ absl::Status StepMerger::RunRound(const std::vector<Part*>& parts) {
   }
   return absl::OkStatus();
 }
+
+StepMergerImpl* MergerImpl(StepMerger* merger) { return merger->impl_.get(); }
+
+}  // namespace internal
+
+StepMerger::StepMerger(std::unique_ptr<internal::StepMergerImpl> impl) : impl_(std::move(impl)) {}
+
+StepMerger::~StepMerger() = default;
+
+absl::StatusOr<std::unique_ptr<StepMerger>> StepMerger::Create(Client* client,
+                                                               StepMergerOptions options) {
+  if (options.ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepMerger ranks: expected >= 1, received ", options.ranks));
+  }
+  if (options.first_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepMerger first_step: expected >= 0, received ", options.first_step));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepMerger timeout: expected > 0, received ",
+                                                   absl::FormatDuration(options.timeout)));
+  }
+  auto impl = std::make_unique<internal::StepMergerImpl>(client, std::move(options));
+  EMBER_RETURN_IF_ERROR(impl->Register());
+  return std::unique_ptr<StepMerger>(new StepMerger(std::move(impl)));
+}
+
+const StepMergerOptions& StepMerger::options() const { return impl_->options(); }
+
+StepMergerStats StepMerger::Stats() const { return impl_->Stats(); }
 
 }  // namespace ember

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
@@ -15,6 +16,7 @@
 #include "client/request_plan.h"
 #include "client/row_sink.h"
 #include "client/step_scheduler.h"
+#include "client/internal/step_merger_impl.h"
 #include "ember/step_merger.h"
 #include "common/status_macros.h"
 
@@ -53,12 +55,12 @@ class StepPipeline::Impl {
       feature_table_.push_back(it->second);
       feature_names_.push_back(f.name);
     }
-    // With a node exchange the network thread runs one job at a time in
+    // With a node shuffle the network thread runs one job at a time in
     // call order (a fetch still waits for this worker's own earlier push, as
     // SSP requires): the ranks then meet in the same collectives in the same
     // order whatever their timing.
     if (options_.node_transport != nullptr) {
-      node_ = std::make_unique<NodeExchange>(options_.node_transport, table_dim_);
+      node_ = std::make_unique<NodeShuffle>(options_.node_transport, table_dim_);
     }
     telemetry_.emplace(*client_, options_.worker_id, options_.staleness, options_.trace,
                        options_.metrics);
@@ -85,7 +87,7 @@ class StepPipeline::Impl {
             m->options().first_step, ", received staleness ", options_.staleness,
             " and first_step ", options_.first_step));
       }
-      EMBER_RETURN_IF_ERROR(m->Join(options_.merger_rank, tables_, table_dim_));
+      EMBER_RETURN_IF_ERROR(internal::MergerImpl(m)->Join(options_.merger_rank, tables_, table_dim_));
     }
     StepScheduler::Options so;
     so.first_step = options_.first_step;
@@ -358,7 +360,7 @@ class StepPipeline::Impl {
     }
   }
 
-  // Dedup, then (with a node exchange) the keys this rank owns, and the
+  // Dedup, then (with a node shuffle) the keys this rank owns, and the
   // route to shards: fills s.unique, s.inverse, s.owned and s.plan. Returns
   // the fetched key count.
   absl::StatusOr<uint64_t> BuildLookup(Step& s) {
@@ -385,7 +387,7 @@ class StepPipeline::Impl {
       return sink_->DeliverAt(s, rows_at_);
     }
     EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, sink_->Rows(s));
-    // With a node exchange the shards answer for the owned keys, which go
+    // With a node shuffle the shards answer for the owned keys, which go
     // to scratch first, and the ranks then trade rows.
     std::vector<float*> into = rows;
     fetched_scratch_.resize(tables);
@@ -407,7 +409,7 @@ class StepPipeline::Impl {
   }
 
   // One PushRequest per shard (every shard, so that its clock advances) of
-  // the step's gradients, routed by its plan (with a node exchange: the
+  // the step's gradients, routed by its plan (with a node shuffle: the
   // node's sums for the keys this rank owns). Returns the payload bytes.
   absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
     const uint32_t shards = client_->shard_count();
@@ -484,7 +486,7 @@ class StepPipeline::Impl {
   // SendExchange through the node's StepMerger: this rank's part of one
   // merged Exchange per shard.
   absl::Status SendMerged(Step* push, Step* fetch) {
-    StepMerger::Part part;
+    internal::StepMergerImpl::Part part;
     if (push) {
       part.push_step = push->step;
       EMBER_ASSIGN_OR_RETURN(part.grads, sink_->Gradients(*push));
@@ -495,7 +497,7 @@ class StepPipeline::Impl {
       part.keys = &fetch->unique;
     }
     const absl::Time start = absl::Now();
-    absl::Status status = options_.merger->Exchange(options_.merger_rank, &part);
+    absl::Status status = internal::MergerImpl(options_.merger)->Merge(options_.merger_rank, &part);
     telemetry_->Span(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
     if (push) {
       CountBytes(*push, part.bytes_sent, 0, 0);
@@ -512,9 +514,9 @@ class StepPipeline::Impl {
   }
 
   // Adds payload bytes of step `s` to the stats, the metrics and the step.
-  void CountBytes(Step& s, uint64_t sent, uint64_t received, uint64_t node_exchange) {
-    s.bytes += sent + received + node_exchange;
-    telemetry_->Bytes(sent, received, node_exchange);
+  void CountBytes(Step& s, uint64_t sent, uint64_t received, uint64_t node_shuffle) {
+    s.bytes += sent + received + node_shuffle;
+    telemetry_->Bytes(sent, received, node_shuffle);
   }
 
   // A fetch about to go out (with `push`, if any, applied just before it):
@@ -540,7 +542,7 @@ class StepPipeline::Impl {
   std::vector<std::vector<float>> fetched_scratch_;  // network thread only
   std::vector<std::vector<const char*>> rows_at_;    // network thread only
   std::vector<std::vector<float>> owned_grads_scratch_;  // network thread only
-  std::unique_ptr<NodeExchange> node_;             // used by the network thread only
+  std::unique_ptr<NodeShuffle> node_;             // used by the network thread only
   std::unique_ptr<RowSink> sink_;                  // used by the network thread only
   bool registered_ = false;
   bool closed_ = false;
@@ -548,12 +550,13 @@ class StepPipeline::Impl {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<StepScheduler> scheduler_;
+  std::optional<StepScheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   // Steps from Prefetch until their push is sent (or dropped at Close).
-  absl::flat_hash_map<int64_t, std::shared_ptr<Step>> live_;
-  int flushers_ = 0;
-  bool stopping_ = false;
-  absl::Status error_;  // the first failure; every later call returns it
+  absl::flat_hash_map<int64_t, std::shared_ptr<Step>> live_ ABSL_GUARDED_BY(mu_);
+  int flushers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The first failure; every later call returns it.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::optional<PipelineTelemetry> telemetry_;
   std::thread net_;
 };

@@ -24,7 +24,7 @@ class StepScheduler {
     // A push waits up to push_hold for a fetch to go with; a fetch takes a
     // push queued behind it along. Fewest round trips; timing decides.
     kHold,
-    // One job per exchange, in call order (node exchange: every rank must
+    // One job per exchange, in call order (node shuffle: every rank must
     // meet the others in the same collectives).
     kOneAtATime,
     // Pairs chosen by call order alone, never by timing (StepMerger: every
@@ -39,7 +39,8 @@ class StepScheduler {
     Pairing pairing = Pairing::kHold;
     absl::Duration push_hold = absl::Milliseconds(2);
   };
-  // One exchange: the gradients of `push` and/or the rows of `fetch`.
+  // One Exchange call (the RPC, EmbeddingService.Exchange): the gradients
+  // of `push` and/or the rows of `fetch`.
   struct Exchange {
     std::optional<int64_t> push;
     std::optional<int64_t> fetch;

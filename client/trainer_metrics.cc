@@ -33,17 +33,17 @@ TrainerMetrics::TrainerMetrics()
                                  {"worker"})),
       unique_keys_(registry_.AddCounter(
           "ember_trainer_unique_keys_total",
-          "Keys fetched after per-table deduplication (node exchange: the keys this rank owns).",
+          "Keys fetched after per-table deduplication (node shuffle: the keys this rank owns).",
           {"worker"})),
       unique_ratio_(registry_.AddGauge("ember_trainer_unique_key_ratio",
                                        "Unique keys / ids of the last fetched step.", {"worker"})),
       bytes_(registry_.AddCounter(
           "ember_trainer_bytes_total",
-          "Payload bytes: sent (keys, gradients), received (rows), node_exchange (between ranks).",
+          "Payload bytes: sent (keys, gradients), received (rows), node_shuffle (between ranks).",
           {"worker", "direction"})),
       step_bytes_(registry_.AddGauge(
           "ember_trainer_step_bytes",
-          "Bytes the last pushed step moved: its fetch, its push and its node exchange.",
+          "Bytes the last pushed step moved: its fetch, its push and its node shuffle.",
           {"worker"})),
       failed_(registry_.AddGauge(
           "ember_trainer_pipeline_failed",
@@ -72,7 +72,7 @@ TrainerMetrics::Pipeline& TrainerMetrics::ForWorker(uint32_t worker) {
       &steps_.With(w), &pushes_.With(w), &exposed_wait_.With(w), &fetch_.With(w),
       &overlap_.With(w), &staleness_.With(w), &staleness_bound_.With(w), &keys_.With(w),
       &unique_keys_.With(w), &unique_ratio_.With(w), &bytes_.With({w[0], "sent"}),
-      &bytes_.With({w[0], "received"}), &bytes_.With({w[0], "node_exchange"}),
+      &bytes_.With({w[0], "received"}), &bytes_.With({w[0], "node_shuffle"}),
       &step_bytes_.With(w), &failed_.With(w)});
   return *p;
 }

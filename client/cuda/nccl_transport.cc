@@ -17,7 +17,7 @@ absl::Status NcclStatus(ncclResult_t r, const char* call) {
   return absl::InternalError(absl::StrCat(call, " failed: ", ncclGetErrorString(r)));
 }
 
-class NcclTransport final : public ExchangeTransport {
+class NcclTransport final : public ShuffleTransport {
  public:
   NcclTransport(ncclComm_t comm, uint32_t rank, uint32_t size, int device)
       : comm_(comm), rank_(rank), size_(size), device_(device) {}
@@ -122,7 +122,7 @@ class NcclTransport final : public ExchangeTransport {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::unique_ptr<ExchangeTransport>>> NewNcclTransports(
+absl::StatusOr<std::vector<std::unique_ptr<ShuffleTransport>>> NewNcclTransports(
     const std::vector<int>& devices) {
   if (devices.empty()) {
     return absl::InvalidArgumentError("NCCL transport: field 'devices': expected at least one");
@@ -131,7 +131,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ExchangeTransport>>> NewNcclTransport
   EMBER_RETURN_IF_ERROR(NcclStatus(
       ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()),
       "ncclCommInitAll"));
-  std::vector<std::unique_ptr<ExchangeTransport>> out;
+  std::vector<std::unique_ptr<ShuffleTransport>> out;
   for (size_t r = 0; r < devices.size(); ++r) {
     auto t = std::make_unique<NcclTransport>(comms[r], static_cast<uint32_t>(r),
                                              static_cast<uint32_t>(devices.size()), devices[r]);
@@ -147,7 +147,7 @@ absl::StatusOr<std::string> NewNcclUniqueId() {
   return std::string(id.internal, sizeof(id.internal));
 }
 
-absl::StatusOr<std::unique_ptr<ExchangeTransport>> NewNcclTransport(const std::string& unique_id,
+absl::StatusOr<std::unique_ptr<ShuffleTransport>> NewNcclTransport(const std::string& unique_id,
                                                                      uint32_t rank, uint32_t size,
                                                                      int device) {
   ncclUniqueId id;
@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<ExchangeTransport>> NewNcclTransport(const std::s
       "ncclCommInitRank"));
   auto t = std::make_unique<NcclTransport>(comm, rank, size, device);
   EMBER_RETURN_IF_ERROR(t->Init());
-  return std::unique_ptr<ExchangeTransport>(std::move(t));
+  return std::unique_ptr<ShuffleTransport>(std::move(t));
 }
 
 }  // namespace ember

@@ -1,4 +1,4 @@
-// The node exchange over NCCL gives what it gives over the in-process
+// The node shuffle over NCCL gives what it gives over the in-process
 // transport. On one GPU the group has one rank (NCCL sends to itself); the
 // multi-rank algorithm is covered on the in-process transport. Skips without
 // a GPU; without CUDA the factories must say so.
@@ -6,7 +6,7 @@
 
 #include "ember/device.h"
 #include "ember/nccl_transport.h"
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 #include "gtest/gtest.h"
 #include "kernels/store_factory.h"
 #include "tests/test_util.h"
@@ -25,9 +25,9 @@ TEST(NcclTransportTest, OneRankExchangeMatchesTheInProcessTransport) {
   const std::vector<uint32_t> dims = {3, 5};
   const std::vector<std::vector<uint64_t>> keys = {{1, 2, ~uint64_t{0}, 0}, {7}};
   std::vector<std::vector<float>> results[2];
-  ExchangeTransport* transports[2] = {(*nccl)[0].get(), local[0].get()};
+  ShuffleTransport* transports[2] = {(*nccl)[0].get(), local[0].get()};
   for (int k = 0; k < 2; ++k) {
-    NodeExchange ex(transports[k], dims);
+    NodeShuffle ex(transports[k], dims);
     auto owned = ex.RouteKeys(keys);
     ASSERT_TRUE(owned.ok()) << owned.status();
     EXPECT_EQ(*owned, keys);

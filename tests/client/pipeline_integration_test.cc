@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ember/client.h"
+#include "client/internal/step_merger_impl.h"
 #include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 #include "ember/trainer_metrics.h"
@@ -612,7 +613,7 @@ TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
   EXPECT_EQ(m.failed->Value(), 0);
 }
 
-// ---- The node exchange (PipelineOptions::node_transport).
+// ---- The node shuffle (PipelineOptions::node_transport).
 
 // A node's batch: the ranks' batches side by side (rank 0's examples first).
 Batch Concat(const std::vector<Batch>& parts) {
@@ -739,7 +740,7 @@ void ExpectNodeTrainsLikeOneGpu(const NodeRun& run) {
   }
 }
 
-TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
+TEST_F(PipelineIntegrationTest, NodeShuffleFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
   StartShards(2);
   // One pipeline per rank, each its own SSP worker, exchanging.
   auto transports = NewInProcessTransports(kNodeRanks);
@@ -764,7 +765,7 @@ TEST_F(PipelineIntegrationTest, NodeExchangeFetchesEachKeyOncePerNodeAndTrainsLi
   ExpectNodeTrainsLikeOneGpu(run);
 }
 
-TEST_F(PipelineIntegrationTest, NodeExchangeWithStalenessOneTrainsEveryStep) {
+TEST_F(PipelineIntegrationTest, NodeShuffleWithStalenessOneTrainsEveryStep) {
   // With s = 1 a step's fetch goes out before the previous step's push: the
   // push must use its own step's routes, not the latest ones.
   StartShards(2);
@@ -883,18 +884,19 @@ TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNaming
   mo.timeout = absl::Milliseconds(200);
   auto merger = StepMerger::Create(client_.get(), mo);
   ASSERT_OK(merger);
-  ASSERT_OK((*merger)->Join(0, {"a"}, {kDim}));
-  ASSERT_OK((*merger)->Join(1, {"a"}, {kDim}));
-  EXPECT_EQ((*merger)->Join(1, {"a"}, {kDim}).code(), absl::StatusCode::kFailedPrecondition);
+  internal::StepMergerImpl* rounds = internal::MergerImpl(merger->get());
+  ASSERT_OK(rounds->Join(0, {"a"}, {kDim}));
+  ASSERT_OK(rounds->Join(1, {"a"}, {kDim}));
+  EXPECT_EQ(rounds->Join(1, {"a"}, {kDim}).code(), absl::StatusCode::kFailedPrecondition);
   const std::vector<std::vector<uint64_t>> keys = {{1, 2, 3}};
-  StepMerger::Part p0, p1;
+  internal::StepMergerImpl::Part p0, p1;
   p0.fetch_step = 1;
   p0.keys = &keys;
   p1.fetch_step = 2;  // rank 1 is a step ahead
   p1.keys = &keys;
   absl::Status s1;
-  std::thread t([&] { s1 = (*merger)->Exchange(1, &p1); });
-  const absl::Status s0 = (*merger)->Exchange(0, &p0);
+  std::thread t([&] { s1 = rounds->Merge(1, &p1); });
+  const absl::Status s0 = rounds->Merge(0, &p0);
   t.join();
   EXPECT_EQ(s0.code(), absl::StatusCode::kFailedPrecondition) << s0;
   EXPECT_EQ(s0, s1);
@@ -903,10 +905,10 @@ TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNaming
   EXPECT_EQ(*client_->StoredRows("a"), 0u) << "a refused round changes nothing";
   // Rank 1 never comes: rank 0 gives up after the timeout, naming it.
   p0.fetch_step = 2;
-  const absl::Status late = (*merger)->Exchange(0, &p0);
+  const absl::Status late = rounds->Merge(0, &p0);
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
   EXPECT_NE(late.message().find("for rank(s) 1"), std::string::npos) << late;
-  EXPECT_EQ((*merger)->Exchange(1, &p1), late) << "every later call fails the same way";
+  EXPECT_EQ(rounds->Merge(1, &p1), late) << "every later call fails the same way";
 }
 
 // ---- The device path (PipelineOptions::device). Its GPU cases skip here

@@ -207,7 +207,7 @@ TEST_F(MetricsIntegrationTest, TrainerExportsWaitOverlapStalenessUniqueRatioAndB
   // gradients (72 B).
   EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"sent\"}"), 3 * (24 + 72));
   EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"received\"}"), 3 * 48);
-  EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"node_exchange\"}"), 0);
+  EXPECT_EQ(Sample(m, "ember_trainer_bytes_total{worker=\"5\",direction=\"node_shuffle\"}"), 0);
   EXPECT_EQ(Sample(m, "ember_trainer_step_bytes" + w), 24 + 48 + 72);
   EXPECT_EQ(Sample(m, "ember_trainer_exposed_wait_seconds_count" + w), 3);
   EXPECT_EQ(Sample(m, "ember_trainer_fetch_seconds_count" + w), 3);

@@ -1,8 +1,8 @@
-// NCCL transports for NodeExchange: the GPUs of one trainer node exchange
+// NCCL transports for NodeShuffle: the GPUs of one trainer node shuffle
 // their blocks with NCCL point-to-point calls (grouped send/recv, an
 // all-to-all) instead of through host threads.
 //
-// Blocks arrive and leave in host memory, as NodeExchange keeps them: each
+// Blocks arrive and leave in host memory, as NodeShuffle keeps them: each
 // AllToAll copies the sizes and then the payload to the device, exchanges
 // them over NCCL (NVLink or PCIe between the node's GPUs) and copies the
 // result back, on a stream of its own. That costs two copies per call
@@ -18,20 +18,20 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 
 namespace ember {
 
 // One process driving several GPUs (one thread per GPU): transports for
 // `devices`, rank i on devices[i] (ncclCommInitAll).
-absl::StatusOr<std::vector<std::unique_ptr<ExchangeTransport>>> NewNcclTransports(
+absl::StatusOr<std::vector<std::unique_ptr<ShuffleTransport>>> NewNcclTransports(
     const std::vector<int>& devices);
 
 // One process per GPU: rank 0 creates an id (opaque bytes), sends it to the
 // other ranks by any means (a file, the launcher's environment), and every
 // rank calls NewNcclTransport with it.
 absl::StatusOr<std::string> NewNcclUniqueId();
-absl::StatusOr<std::unique_ptr<ExchangeTransport>> NewNcclTransport(const std::string& unique_id,
+absl::StatusOr<std::unique_ptr<ShuffleTransport>> NewNcclTransport(const std::string& unique_id,
                                                                      uint32_t rank, uint32_t size,
                                                                      int device);
 

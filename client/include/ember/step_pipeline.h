@@ -54,7 +54,7 @@
 #include "ember/batch.h"
 #include "ember/client.h"
 #include "ember/device.h"
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 #include "ember/step_merger.h"
 #include "ember/trace.h"
 #include "ember/trainer_metrics.h"
@@ -84,11 +84,11 @@ struct PipelineOptions {
   // shared by the node's pipelines (NewInProcessTransports, NCCL). Each
   // step's unique keys are then fetched and pushed once per node: every rank
   // fetches and pushes the keys it owns (OwnerRank) for all ranks, and the
-  // rows and gradients travel between ranks (NodeExchange). The ranks must
+  // rows and gradients travel between ranks (NodeShuffle). The ranks must
   // make the same calls (Prefetch, Wait, Push, Flush, Close) in the same
   // order; each is its own SSP worker. A failure on one rank stops the others
   // when their transport times out. Null: no exchange. Not owned.
-  ExchangeTransport* node_transport = nullptr;
+  ShuffleTransport* node_transport = nullptr;
   // Several pipelines of one process: the StepMerger they share, which sends
   // one request per shard per step for all of them (ember/step_merger.h),
   // and this pipeline's rank in it. The merger's worker id is then the SSP
@@ -135,7 +135,7 @@ struct PipelineStats {
   double max_wait_seconds = 0;
   uint64_t keys = 0;           // ids in the batches
   uint64_t unique_keys = 0;    // keys fetched after per-table deduplication (with a
-                               // node exchange: the keys this rank owns)
+                               // node shuffle: the keys this rank owns)
   uint64_t bytes_sent = 0;     // request payload (keys and gradients)
   uint64_t bytes_received = 0; // response rows
   uint64_t exchange_bytes = 0; // sent and received between the node's ranks

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 
@@ -62,10 +63,10 @@ class TraceRecorder {
   const size_t max_events_;
   const absl::Time origin_;
   mutable std::mutex mu_;
-  std::vector<Span> spans_;
-  std::vector<std::pair<TraceTrack, std::string>> track_names_;
-  std::vector<std::pair<uint32_t, std::string>> process_names_;
-  uint64_t dropped_ = 0;
+  std::vector<Span> spans_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<TraceTrack, std::string>> track_names_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint32_t, std::string>> process_names_ ABSL_GUARDED_BY(mu_);
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ember

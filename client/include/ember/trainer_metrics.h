@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -68,7 +69,7 @@ class TrainerMetrics {
     metrics::Gauge* unique_ratio;
     metrics::Counter* bytes_sent;
     metrics::Counter* bytes_received;
-    metrics::Counter* bytes_node_exchange;
+    metrics::Counter* bytes_node_shuffle;
     metrics::Gauge* step_bytes;
     metrics::Gauge* failed;
   };
@@ -96,7 +97,7 @@ class TrainerMetrics {
   metrics::Family<metrics::Counter>& rpc_attempts_;
 
   std::mutex mu_;
-  std::map<uint32_t, std::unique_ptr<Pipeline>> pipelines_;
+  std::map<uint32_t, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember

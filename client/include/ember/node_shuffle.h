@@ -1,4 +1,4 @@
-// ember::NodeExchange: the GPUs of one trainer node share their embedding
+// ember::NodeShuffle: the GPUs of one trainer node share their embedding
 // traffic, so that each unique key of a step is fetched and pushed once per
 // node rather than once per GPU.
 //
@@ -31,7 +31,7 @@
 // an in-process one (threads, for tests and single-process trainers) and an
 // NCCL one for GPUs (ember/nccl_transport.h).
 //
-// Thread safety: one NodeExchange per rank, each driven by one thread; the
+// Thread safety: one NodeShuffle per rank, each driven by one thread; the
 // ranks of a group run concurrently. Memory: host memory throughout.
 #pragma once
 
@@ -51,9 +51,9 @@ namespace ember {
 uint32_t OwnerRank(uint64_t key, uint32_t ranks);
 
 // An all-to-all of byte blocks among the ranks of a group.
-class ExchangeTransport {
+class ShuffleTransport {
  public:
-  virtual ~ExchangeTransport() = default;
+  virtual ~ShuffleTransport() = default;
   virtual uint32_t rank() const = 0;
   virtual uint32_t size() const = 0;
   // Collective: every rank calls it, in the same order. send[r] (size()
@@ -67,12 +67,12 @@ class ExchangeTransport {
 // `size` connected in-process transports (rank i at index i), for one
 // thread per rank. They share state: destroy them only after every rank
 // stopped calling.
-std::vector<std::unique_ptr<ExchangeTransport>> NewInProcessTransports(uint32_t size);
+std::vector<std::unique_ptr<ShuffleTransport>> NewInProcessTransports(uint32_t size);
 
-class NodeExchange {
+class NodeShuffle {
  public:
   // `dims[t]` is table t's row width. `transport` must outlive this.
-  NodeExchange(ExchangeTransport* transport, std::vector<uint32_t> dims);
+  NodeShuffle(ShuffleTransport* transport, std::vector<uint32_t> dims);
 
   uint32_t rank() const;
   uint32_t ranks() const;
@@ -143,7 +143,7 @@ class NodeExchange {
   absl::Status CheckRows(const Route* route, const std::vector<absl::Span<const float>>& rows,
                          bool owned, absl::string_view what) const;
 
-  ExchangeTransport* transport_;
+  ShuffleTransport* transport_;
   std::vector<uint32_t> dims_;
   // Routed steps not yet reduced, oldest first.
   std::deque<Route> routes_;

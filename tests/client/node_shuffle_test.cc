@@ -1,7 +1,7 @@
-// The node exchange on the in-process transport, 1 to 8 simulated GPUs: each
+// The node shuffle on the in-process transport, 1 to 8 simulated GPUs: each
 // unique key of the node is fetched and pushed once, every rank gets the
 // rows of its own keys, and the pushed gradients equal a single GPU's.
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 
 #include <algorithm>
 #include <map>
@@ -109,7 +109,7 @@ std::vector<RankResult> RunStep(const std::vector<RankBatch>& batches,
   for (uint32_t r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       RankResult& res = results[r];
-      NodeExchange ex(transports[r].get(), kDims);
+      NodeShuffle ex(transports[r].get(), kDims);
       std::vector<std::vector<float>> local_sums;
       LocalUnique(batches[r], &res.unique, &local_sums);
       auto owned = ex.RouteKeys(res.unique);
@@ -145,9 +145,9 @@ std::vector<std::unique_ptr<EmbeddingStore>> NewCluster() {
   return stores;
 }
 
-class NodeExchangeTest : public ::testing::TestWithParam<uint32_t> {};
+class NodeShuffleTest : public ::testing::TestWithParam<uint32_t> {};
 
-TEST_P(NodeExchangeTest, EachUniqueKeyIsFetchedAndPushedOnceAndRowsReachEveryRank) {
+TEST_P(NodeShuffleTest, EachUniqueKeyIsFetchedAndPushedOnceAndRowsReachEveryRank) {
   const uint32_t ranks = GetParam();
   auto batches = MakeBatches(ranks, 100 + ranks, /*dyadic=*/true);
   auto cluster = NewCluster();
@@ -178,7 +178,7 @@ TEST_P(NodeExchangeTest, EachUniqueKeyIsFetchedAndPushedOnceAndRowsReachEveryRan
   }
 }
 
-TEST_P(NodeExchangeTest, PushedGradientsEqualASingleGpusOverTheWholeNodeBatch) {
+TEST_P(NodeShuffleTest, PushedGradientsEqualASingleGpusOverTheWholeNodeBatch) {
   const uint32_t ranks = GetParam();
   auto batches = MakeBatches(ranks, 200 + ranks, /*dyadic=*/true);
   auto cluster = NewCluster();
@@ -231,7 +231,7 @@ TEST_P(NodeExchangeTest, PushedGradientsEqualASingleGpusOverTheWholeNodeBatch) {
   }
 }
 
-TEST_P(NodeExchangeTest, SumsOfInexactGradientsAreDeterministicAndCloseToTheExactSum) {
+TEST_P(NodeShuffleTest, SumsOfInexactGradientsAreDeterministicAndCloseToTheExactSum) {
   const uint32_t ranks = GetParam();
   auto batches = MakeBatches(ranks, 300 + ranks, /*dyadic=*/false);
   auto c1 = NewCluster();
@@ -263,14 +263,14 @@ TEST_P(NodeExchangeTest, SumsOfInexactGradientsAreDeterministicAndCloseToTheExac
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, NodeExchangeTest, ::testing::Values(1u, 2u, 3u, 4u, 8u),
+INSTANTIATE_TEST_SUITE_P(Ranks, NodeShuffleTest, ::testing::Values(1u, 2u, 3u, 4u, 8u),
                          [](const ::testing::TestParamInfo<uint32_t>& info) {
                            return std::to_string(info.param) + "gpus";
                          });
 
-TEST(NodeExchangeInputTest, BadInputsAreRefusedNamingTheFieldBeforeAnyExchange) {
+TEST(NodeShuffleInputTest, BadInputsAreRefusedNamingTheFieldBeforeAnyExchange) {
   auto transports = NewInProcessTransports(1);
-  NodeExchange ex(transports[0].get(), kDims);
+  NodeShuffle ex(transports[0].get(), kDims);
   std::vector<float> rows(4);
   auto early = ex.ShareRows({rows, rows});
   EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
@@ -298,7 +298,7 @@ TEST(NodeExchangeInputTest, BadInputsAreRefusedNamingTheFieldBeforeAnyExchange) 
   EXPECT_EQ((*good)[0], t0);
 }
 
-TEST(NodeExchangeInputTest, ATransportWithWrongBlockCountIsRefused) {
+TEST(NodeShuffleInputTest, ATransportWithWrongBlockCountIsRefused) {
   auto transports = NewInProcessTransports(2);
   std::vector<std::vector<uint8_t>> recv;
   auto s = transports[0]->AllToAll({{1, 2, 3}}, &recv);

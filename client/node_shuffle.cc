@@ -1,4 +1,4 @@
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 
 #include <cstring>
 
@@ -57,7 +57,7 @@ class BlockReader {
  private:
   absl::Status Truncated() const {
     return absl::DataLossError(
-        absl::StrCat("node exchange: block from rank ", from_, " is truncated at byte ", at_,
+        absl::StrCat("node shuffle: block from rank ", from_, " is truncated at byte ", at_,
                      " of ", block_.size()));
   }
   const std::vector<uint8_t>& block_;
@@ -71,29 +71,29 @@ uint32_t OwnerRank(uint64_t key, uint32_t ranks) {
   return static_cast<uint32_t>(((Mix64(key ^ 0xbb67ae8584caa73bULL) >> 32) * ranks) >> 32);
 }
 
-NodeExchange::NodeExchange(ExchangeTransport* transport, std::vector<uint32_t> dims)
+NodeShuffle::NodeShuffle(ShuffleTransport* transport, std::vector<uint32_t> dims)
     : transport_(transport), dims_(std::move(dims)) {}
 
-uint32_t NodeExchange::rank() const { return transport_->rank(); }
-uint32_t NodeExchange::ranks() const { return transport_->size(); }
+uint32_t NodeShuffle::rank() const { return transport_->rank(); }
+uint32_t NodeShuffle::ranks() const { return transport_->size(); }
 
-absl::Status NodeExchange::Exchange(const std::vector<std::vector<uint8_t>>& send,
+absl::Status NodeShuffle::Exchange(const std::vector<std::vector<uint8_t>>& send,
                                     std::vector<std::vector<uint8_t>>* recv) {
   for (const auto& b : send) bytes_sent_ += b.size();
   EMBER_RETURN_IF_ERROR(transport_->AllToAll(send, recv));
   if (recv->size() != ranks()) {
-    return absl::InternalError(absl::StrCat("node exchange: transport returned ", recv->size(),
+    return absl::InternalError(absl::StrCat("node shuffle: transport returned ", recv->size(),
                                             " blocks for ", ranks(), " ranks"));
   }
   for (const auto& b : *recv) bytes_received_ += b.size();
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeExchange::RouteKeys(
+absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeShuffle::RouteKeys(
     const std::vector<std::vector<uint64_t>>& unique_keys) {
   const uint32_t n = ranks();
   if (unique_keys.size() != dims_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("node exchange: field 'unique_keys': expected ",
+    return absl::InvalidArgumentError(absl::StrCat("node shuffle: field 'unique_keys': expected ",
                                                    dims_.size(), " tables, received ",
                                                    unique_keys.size()));
   }
@@ -104,7 +104,7 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeExchange::RouteKeys(
     for (uint64_t k : unique_keys[t]) {
       if (!seen.insert(k).second) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "node exchange: table ", t, " field 'unique_keys': key ", k, " appears twice"));
+            "node shuffle: table ", t, " field 'unique_keys': key ", k, " appears twice"));
       }
     }
   }
@@ -151,22 +151,22 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeExchange::RouteKeys(
   return owned;
 }
 
-absl::Status NodeExchange::CheckRows(const Route* route,
+absl::Status NodeShuffle::CheckRows(const Route* route,
                                      const std::vector<absl::Span<const float>>& rows, bool owned,
                                      absl::string_view what) const {
   if (route == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("node exchange: ", what, " before RouteKeys"));
+        absl::StrCat("node shuffle: ", what, " before RouteKeys"));
   }
   if (rows.size() != dims_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("node exchange: field '", what,
+    return absl::InvalidArgumentError(absl::StrCat("node shuffle: field '", what,
                                                    "': expected ", dims_.size(),
                                                    " tables, received ", rows.size()));
   }
   for (size_t t = 0; t < dims_.size(); ++t) {
     const size_t expected = (owned ? (*route)[t].owned : (*route)[t].mine) * dims_[t];
     if (rows[t].size() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat("node exchange: table ", t, " field '", what,
+      return absl::InvalidArgumentError(absl::StrCat("node shuffle: table ", t, " field '", what,
                                                      "': expected ", expected,
                                                      " floats, received ", rows[t].size()));
     }
@@ -175,7 +175,7 @@ absl::Status NodeExchange::CheckRows(const Route* route,
 }
 
 template <typename Place>
-absl::Status NodeExchange::TradeRows(const Route& route,
+absl::Status NodeShuffle::TradeRows(const Route& route,
                                      const std::vector<absl::Span<const float>>& rows,
                                      IndexLists TableRoute::*send, IndexLists TableRoute::*recv,
                                      Place place) {
@@ -197,7 +197,7 @@ absl::Status NodeExchange::TradeRows(const Route& route,
       EMBER_ASSIGN_OR_RETURN(absl::Span<const float> got, reader.Section<float>(dim));
       const std::vector<uint32_t>& at = (route[t].*recv)[r];
       if (got.size() != at.size() * dim) {
-        return absl::DataLossError(absl::StrCat("node exchange: rank ", r, " sent ",
+        return absl::DataLossError(absl::StrCat("node shuffle: rank ", r, " sent ",
                                                 got.size() / dim, " rows of table ", t, " for ",
                                                 at.size(), " keys"));
       }
@@ -207,7 +207,7 @@ absl::Status NodeExchange::TradeRows(const Route& route,
   return absl::OkStatus();
 }
 
-absl::Status NodeExchange::ShareRows(const std::vector<absl::Span<const float>>& owned_rows,
+absl::Status NodeShuffle::ShareRows(const std::vector<absl::Span<const float>>& owned_rows,
                                      const std::vector<float*>& mine) {
   const Route* route = routes_.empty() ? nullptr : &routes_.back();
   EMBER_RETURN_IF_ERROR(CheckRows(route, owned_rows, /*owned=*/true, "owned_rows"));
@@ -218,7 +218,7 @@ absl::Status NodeExchange::ShareRows(const std::vector<absl::Span<const float>>&
                    });
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ShareRows(
+absl::StatusOr<std::vector<std::vector<float>>> NodeShuffle::ShareRows(
     const std::vector<absl::Span<const float>>& owned_rows) {
   std::vector<std::vector<float>> mine(dims_.size());
   std::vector<float*> out(dims_.size());
@@ -230,7 +230,7 @@ absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ShareRows(
   return mine;
 }
 
-absl::Status NodeExchange::ReduceGradients(const std::vector<absl::Span<const float>>& grads,
+absl::Status NodeShuffle::ReduceGradients(const std::vector<absl::Span<const float>>& grads,
                                            const std::vector<float*>& owned) {
   const Route* route = routes_.empty() ? nullptr : &routes_.front();
   EMBER_RETURN_IF_ERROR(CheckRows(route, grads, /*owned=*/false, "grads"));
@@ -244,7 +244,7 @@ absl::Status NodeExchange::ReduceGradients(const std::vector<absl::Span<const fl
   return s;
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> NodeExchange::ReduceGradients(
+absl::StatusOr<std::vector<std::vector<float>>> NodeShuffle::ReduceGradients(
     const std::vector<absl::Span<const float>>& grads) {
   std::vector<std::vector<float>> owned(dims_.size());
   std::vector<float*> out(dims_.size());

@@ -1,4 +1,4 @@
-// What the node exchange saves on the reference workload: G ranks (GPUs of
+// What the node shuffle saves on the reference workload: G ranks (GPUs of
 // one node), each with its own batch of the 17 Zipf features. Without the
 // exchange every rank fetches and pushes its own unique keys; with it each
 // unique key of the node is fetched and pushed once, by its owner. Prints,
@@ -15,7 +15,7 @@
 #include "bench/bench_util.h"
 #include "bench/reference_workload.h"
 #include "client/dedup.h"
-#include "ember/node_exchange.h"
+#include "ember/node_shuffle.h"
 
 ABSL_FLAG(std::string, ranks, "2,4,8", "Ranks (GPUs per node) to measure.");
 ABSL_FLAG(int, batch, 128, "Examples per step per rank.");
@@ -47,7 +47,7 @@ int Main() {
       threads.emplace_back([&, r] {
         bench::BatchGenerator gen(features, absl::GetFlag(FLAGS_batch),
                                   absl::GetFlag(FLAGS_seed) + r);
-        NodeExchange ex(transports[r].get(), std::vector<uint32_t>(tables, dim));
+        NodeShuffle ex(transports[r].get(), std::vector<uint32_t>(tables, dim));
         for (int s = 0; s < steps; ++s) {
           const Batch b = gen.Next();
           std::vector<std::vector<uint64_t>> unique(tables);

@@ -1,0 +1,109 @@
+// The StepMerger's rounds (ember/step_merger.h says what it does): the
+// ranks' pipelines join it and hand it their part of each step. Internal to
+// the client library: StepPipeline reaches it through MergerImpl.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "ember/client.h"
+#include "ember/step_merger.h"
+
+namespace ember {
+
+class KeyDeduplicator;  // client/dedup.h
+
+namespace internal {
+
+class StepMergerImpl {
+ public:
+  // Registers the node's worker unless asynchronous (StepMerger::Create).
+  StepMergerImpl(Client* client, StepMergerOptions options);
+  absl::Status Register();
+  // Unregisters the node's worker (best effort).
+  ~StepMergerImpl();
+
+  const StepMergerOptions& options() const { return options_; }
+  StepMergerStats Stats() const;
+
+  // For StepPipeline. A rank's tables (names and dims, in the pipeline's
+  // order): every rank must have the same; FAILED_PRECONDITION otherwise.
+  absl::Status Join(int rank, const std::vector<std::string>& tables,
+                    const std::vector<uint32_t>& dims);
+
+  // One rank's share of a merged exchange. Pointers stay valid until
+  // Merge returns. Per table, `keys[tb]` are the rank's unique keys of
+  // the fetched step; `grads[tb]` holds one gradient row per unique key of
+  // the pushed step (the keys the rank fetched for that step, in the same
+  // order).
+  struct Part {
+    std::optional<int64_t> push_step;
+    std::vector<const float*> grads;
+    std::optional<int64_t> fetch_step;
+    const std::vector<std::vector<uint64_t>>* keys = nullptr;
+    // Out: rows_at[tb][k] is the address of key k's row (dim floats, any
+    // alignment: read as bytes) in the shards' answers, which the merger
+    // keeps until this rank's next Merge.
+    std::vector<std::vector<const char*>> rows_at;
+    // Out: payload bytes of the merged requests and responses, shared
+    // evenly over the ranks.
+    uint64_t bytes_sent = 0;
+    uint64_t bytes_received = 0;
+  };
+  // Blocks until every rank has handed its part and the merged exchange is
+  // done; returns its status (the same for every rank).
+  absl::Status Merge(int rank, Part* part);
+
+ private:
+  struct MergedStep;
+  // The leader's work, on the parts of one round; no lock held.
+  absl::Status RunRound(const std::vector<Part*>& parts);
+  absl::Status CheckInStep(const std::vector<Part*>& parts) const;
+
+  Client* const client_;
+  const StepMergerOptions options_;
+  bool registered_ = false;
+  std::vector<std::string> tables_;
+  std::vector<uint32_t> dims_;
+  std::vector<bool> joined_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // This round's parts, by rank; null: not arrived.
+  std::vector<Part*> parts_ ABSL_GUARDED_BY(mu_);
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last rank to arrive runs the round.
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // rounds completed
+  absl::Status round_status_ ABSL_GUARDED_BY(mu_);  // of the last completed round
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);        // sticky: a rank timed out
+  StepMergerStats stats_ ABSL_GUARDED_BY(mu_);
+  // Leader-only state (one leader at a time): each fetched step's merged
+  // keys and maps, kept until the step's push.
+  std::map<int64_t, std::unique_ptr<MergedStep>> steps_;
+  // Leader-only scratch, reused by every round so that a round allocates
+  // nothing once warm: the deduplicator of the ranks' keys and, per table,
+  // the address of each merged key's gradient sum in the push requests and
+  // of its row in the shards' responses.
+  std::unique_ptr<KeyDeduplicator> dedup_;
+  std::vector<std::vector<float*>> sum_at_;
+  std::vector<uint8_t> fresh_;  // per merged key of a table: no rank's row added yet
+  std::vector<std::vector<const char*>> row_at_;
+  // The last round's answers, which the ranks' rows_at point into: kept
+  // until the next round, which starts only once every rank is done with
+  // them (it has called Merge again).
+  std::vector<ExchangeAnswer> answers_;
+  // Per rank and table, the rows copied (options_.copy_rows_below_bytes).
+  std::vector<std::vector<std::vector<char>>> rank_rows_;
+};
+
+}  // namespace internal
+}  // namespace ember
