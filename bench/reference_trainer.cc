@@ -54,7 +54,7 @@ ABSL_FLAG(bool, merge_pipelines, true,
 ABSL_FLAG(int, merger_copy_rows_below_bytes, -1,
           "StepMergerOptions::copy_rows_below_bytes: rows narrower than this are copied per "
           "pipeline before pooling, wider ones pooled where they arrived (-1: the default).");
-ABSL_FLAG(bool, exchange_streams, true,
+ABSL_FLAG(bool, exchange_streams, ember::ClientOptions().exchange_streams,
           "Step exchanges travel on one long-lived ExchangeStream per shard (false: a unary "
           "Exchange call per step and shard).");
 ABSL_FLAG(std::string, auth_token, "",
