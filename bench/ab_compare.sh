@@ -19,8 +19,8 @@
 # variant's. `flags` does the same with one build ($EMBER_BUILD_DIR) and two
 # sets of trainer flags (e.g. "--exchange_streams=false" "--exchange_streams=true").
 # `shard-flags` is `flags` with the two sets given to the shards instead
-# (e.g. "--rpc_mode=sync" "--rpc_mode=callback"). $EMBER_SHARD_FLAGS, if set,
-# goes to every shard of every mode (e.g. --rpc_mode=callback for `build`).
+# (e.g. "--rpc_mode=sync" "--rpc_mode=async"). $EMBER_SHARD_FLAGS, if set,
+# goes to every shard of every mode (e.g. --rpc_mode=sync for `build`).
 # `dims` is `flags` with one variant per embedding dim (--dim=D), and ends
 # with each dim's mean CPU per pipeline-step and its ratio to the first dim's.
 # `lookup-dims` alternates ember-lookup-bench runs of one round each, one per

@@ -6,7 +6,7 @@
 # Writes OUT_DIR/{trainer,shard}.data (perf's own files) and
 # OUT_DIR/{trainer,shard}.top (the 30 hottest symbols, self time), and prints
 # the .top files. $EMBER_BUILD_DIR picks the build (default build/),
-# $EMBER_SHARD_FLAGS adds shard flags (e.g. --rpc_mode=callback).
+# $EMBER_SHARD_FLAGS adds shard flags (e.g. --rpc_mode=sync).
 # Needs perf (linux-perf) and permission to attach to one's own processes
 # (kernel.perf_event_paranoid <= 2).
 set -euo pipefail
