@@ -17,16 +17,16 @@ inline float GradAt(const void* __restrict g, size_t j) {
   return x;
 }
 
-// The rule over a row. Each state slot is its own restrict pointer, so that
-// the compiler needs no run-time alias check between them; always inlined
-// into UpdateRow's clones, which is where the vector width is chosen.
+// The rule over a row, one function (and one set of vector clones) per
+// rule, so that the dispatch on the kind happens once, before the ifunc
+// picks the clone. Each state slot is its own restrict pointer, so that the
+// compiler needs no run-time alias check between them; s1 is null for
+// rules with fewer than two slots.
 template <typename Rule>
-__attribute__((always_inline)) inline void RuleOverRow(const OptimizerConfig& c, float step_size,
-                                                       const void* __restrict g,
-                                                       float* __restrict w, float* __restrict s0,
-                                                       float* __restrict s1, size_t n) {
+EMBER_VECTOR_CLONES void RuleOverRow(const OptimizerConfig& c, float step_size,
+                                     const void* __restrict g, float* __restrict w,
+                                     float* __restrict s0, float* __restrict s1, size_t n) {
   static_assert(Rule::kStateSlots <= 2, "a rule with more slots needs its pointers here");
-  // s1 is null for rules with fewer than two slots.
   // The config is copied so that the compiler knows no store to a row changes
   // it (it would otherwise reload it per element and not vectorise).
   const OptimizerConfig o = c;
@@ -42,14 +42,12 @@ __attribute__((always_inline)) inline void RuleOverRow(const OptimizerConfig& c,
 
 }  // namespace
 
-EMBER_VECTOR_CLONES
 void UpdateRow(const OptimizerConfig& c, float step_size, const void* g, float* w, float* state,
                size_t n) {
-  row::VisitOptimizer(
-      c.kind, [&](auto rule) __attribute__((always_inline)) {
-        using Rule = decltype(rule);
-        RuleOverRow<Rule>(c, step_size, g, w, state, Rule::kStateSlots > 1 ? state + n : nullptr, n);
-      });
+  row::VisitOptimizer(c.kind, [&](auto rule) {
+    using Rule = decltype(rule);
+    RuleOverRow<Rule>(c, step_size, g, w, state, Rule::kStateSlots > 1 ? state + n : nullptr, n);
+  });
 }
 
 }  // namespace ember::opt

@@ -1,6 +1,8 @@
 // The CUDA store's public methods: each locks the store, selects its
 // device and runs the host steps of detail/store_impl.cuh, whose kernels are
 // in detail/store_kernels.cu.
+#include "kernels/cuda/cuda_store.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/cuda_store.h"
 #include "kernels/cuda/detail/store_impl.cuh"
 #include "kernels/cuda/detail/store_kernels.cuh"
 #include "kernels/row_policy.h"

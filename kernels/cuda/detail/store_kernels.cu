@@ -1,10 +1,11 @@
 // Definitions of the kernels declared (with their contracts and thread
 // mappings) in store_kernels.cuh.
+#include "kernels/cuda/detail/store_kernels.cuh"
+
 #include <cstring>
 
 #include "common/cuda/grid.cuh"
 #include "common/key_hash.h"
-#include "kernels/cuda/detail/store_kernels.cuh"
 #include "kernels/initializer_math.h"
 #include "kernels/row_policy.h"
 
