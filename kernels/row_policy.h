@@ -147,7 +147,7 @@ struct RmsProp {
 // one switch on OptimizerKind: a kind missing here fails the build (-Wswitch
 // is an error in kernels/).
 template <typename Fn>
-EMBER_HD_INLINE decltype(auto) VisitOptimizer(OptimizerKind kind, Fn&& fn) {
+EMBER_HD decltype(auto) VisitOptimizer(OptimizerKind kind, Fn&& fn) {
   switch (kind) {
     case OptimizerKind::kSgd:
       return fn(Sgd{});
