@@ -4,7 +4,9 @@
 // the 17-feature workload for a fixed time per configuration:
 //   for every simulated compute time: no embeddings at all (the baseline),
 //   Ember with prefetch off (prefetch(t) then wait(t)), Ember with prefetch on
-//   (prefetch(t + depth) before computing t).
+//   (prefetch(t + depth) before computing t), and at staleness 0 also Ember
+//   with early fetch (step t + 1's rows fetched while t computes, brought
+//   forward through push t on the trainer; prefetch on is then plain s = 0).
 // Prints steps/s, step time, the exposed embedding wait per step, the
 // efficiency = baseline step time / step time, and the CPU per pipeline-step
 // of the trainer, of the shards (from GetShardInfo) and of both.
@@ -48,6 +50,9 @@ ABSL_FLAG(int, metrics_port, -1,
           "Serve the trainer's Prometheus metrics (ember_trainer_*) on GET /metrics at this "
           "port; 0: a free one (printed); -1: off.");
 ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
+ABSL_FLAG(bool, early_fetch, true,
+          "At staleness 0, also run Ember with early fetch (PipelineOptions::early_fetch); "
+          "\"prefetch on\" is then plain s = 0.");
 ABSL_FLAG(bool, merge_pipelines, true,
           "The pipelines share a StepMerger: one request per shard per node step for all of them "
           "(false: each pipeline sends its own).");
@@ -84,6 +89,9 @@ struct RunResult {
   int64_t steps = 0;         // over all pipelines
   std::vector<double> wait_ms;  // one per step
   uint64_t keys = 0, unique_keys = 0, bytes = 0, rpcs = 0;
+  // Early fetch (PipelineStats): summed over pipelines; with a merger each
+  // pipeline counts the node's merged rows.
+  uint64_t steps_patched = 0, rows_patched = 0, patch_bytes = 0, steps_refetched = 0;
   uint64_t merged_keys = 0;  // with a StepMerger: keys fetched after merging the pipelines'
   int64_t merged_steps = 0;  // and the node steps that fetched
   // Of this trainer process, all threads, less making batches and the
@@ -171,7 +179,15 @@ std::unique_ptr<BatchSource> Batches(const WorkloadFlags& w, const std::vector<s
   return std::make_unique<BatchSource>(rings[p]);
 }
 
-RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t worker_base,
+// How an Ember run fetches: after Prefetch(t) only (off), ahead (on), or
+// ahead with the early fetch at s = 0.
+enum class Fetch { kOff, kOn, kEarly };
+
+const char* FetchName(Fetch f) {
+  return f == Fetch::kOff ? "prefetch off" : f == Fetch::kOn ? "prefetch on" : "early fetch";
+}
+
+RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker_base,
                    const std::vector<FeatureSpec>& specs, const WorkloadFlags& workload,
                    const std::vector<std::vector<Batch>>& rings) {
   RunResult r;
@@ -186,6 +202,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     mo.ranks = c.pipelines;
     mo.worker_id = worker_base + 99;  // the node's SSP worker
     mo.staleness = absl::GetFlag(FLAGS_staleness);
+    mo.early_fetch = fetch == Fetch::kEarly;
     if (const int below = absl::GetFlag(FLAGS_merger_copy_rows_below_bytes); below >= 0) {
       mo.copy_rows_below_bytes = static_cast<size_t>(below);
     }
@@ -202,6 +219,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     o.worker_id = worker_base + p;
     o.features = specs;
     o.staleness = absl::GetFlag(FLAGS_staleness);
+    o.early_fetch = fetch == Fetch::kEarly;
     o.merger = merger.get();
     o.merger_rank = p;
     o.trace = Timeline();
@@ -226,7 +244,7 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
     threads.emplace_back([&, p] {
       StepPipeline& pipe = *pipes[p];
       BatchSource& source = *sources[p];
-      const int depth = prefetch ? pipe.prefetch_depth() : 0;
+      const int depth = fetch != Fetch::kOff ? pipe.prefetch_depth() : 0;
       std::vector<double> waits;
       absl::Status status;
       int64_t next = 0, t = 0;
@@ -280,6 +298,10 @@ RunResult RunEmber(Client* client, const Config& c, bool prefetch, uint32_t work
       r.keys += st.keys;
       r.unique_keys += st.unique_keys;
       r.bytes += st.bytes_sent + st.bytes_received;
+      r.steps_patched += st.steps_patched;
+      r.rows_patched += st.rows_patched;
+      r.patch_bytes += st.patch_bytes;
+      r.steps_refetched += st.steps_refetched;
     });
   }
   for (auto& t : threads) t.join();
@@ -359,7 +381,8 @@ int Run() {
   uint32_t worker_base = 0;
   if (absl::GetFlag(FLAGS_warmup_seconds) > 0) {
     Config warm{max_pipelines, 0, false, absl::GetFlag(FLAGS_warmup_seconds)};
-    RunResult w = RunEmber(client->get(), warm, true, worker_base, specs, workload, batches);
+    RunResult w =
+        RunEmber(client->get(), warm, Fetch::kOn, worker_base, specs, workload, batches);
     worker_base += 100;
     if (!w.status.ok()) {
       std::fprintf(stderr, "warm-up: %s\n", w.status.ToString().c_str());
@@ -376,7 +399,12 @@ int Run() {
     double baseline_ms;
   };
   std::vector<Row> rows;
-  const int total = static_cast<int>(computes.size() * pipeline_counts.size()) * 3;
+  std::vector<Fetch> fetches = {Fetch::kOff, Fetch::kOn};
+  if (absl::GetFlag(FLAGS_staleness) == 0 && absl::GetFlag(FLAGS_early_fetch)) {
+    fetches.push_back(Fetch::kEarly);
+  }
+  const int total =
+      static_cast<int>(computes.size() * pipeline_counts.size() * (1 + fetches.size()));
   int done = 0;
   for (int pipelines : pipeline_counts) {
     for (double ms : computes) {
@@ -387,16 +415,16 @@ int Run() {
                   total, pipelines, ms, base_ms);
       std::fflush(stdout);
       rows.push_back({pipelines, ms, "no embeddings", base, base_ms});
-      for (bool prefetch : {false, true}) {
-        RunResult r = RunEmber(client->get(), c, prefetch, worker_base, specs, workload, batches);
+      for (Fetch fetch : fetches) {
+        RunResult r = RunEmber(client->get(), c, fetch, worker_base, specs, workload, batches);
         worker_base += 100;
         if (!r.status.ok()) {
-          std::fprintf(stderr, "compute %g ms prefetch %s: %s\n", ms, prefetch ? "on" : "off",
+          std::fprintf(stderr, "compute %g ms %s: %s\n", ms, FetchName(fetch),
                        r.status.ToString().c_str());
           return 1;
         }
-        std::printf("[%d/%d] %d pipelines, compute %g ms, prefetch %s: %.0f steps/s, %.3f ms/step\n",
-                    ++done, total, pipelines, ms, prefetch ? "on" : "off", r.StepsPerSecond(),
+        std::printf("[%d/%d] %d pipelines, compute %g ms, %s: %.0f steps/s, %.3f ms/step\n",
+                    ++done, total, pipelines, ms, FetchName(fetch), r.StepsPerSecond(),
                     r.StepMs(pipelines));
         if (r.merged_steps > 0 && r.steps > 0) {
           const double separate = double(r.unique_keys) / r.steps * pipelines;
@@ -405,11 +433,26 @@ int Run() {
                       "would fetch %.0f (%.2fx)\n",
                       merged, pipelines, separate, merged > 0 ? separate / merged : 0);
         }
+        if (fetch == Fetch::kEarly) {
+          const double merged_step_keys =
+              r.merged_steps > 0 ? double(r.merged_keys) / r.merged_steps
+                                 : double(r.unique_keys) / std::max<int64_t>(1, r.steps);
+          const double patched =
+              r.steps_patched ? double(r.rows_patched) / r.steps_patched : 0;
+          std::printf("      early fetch: %llu steps brought forward on the trainer, %llu fetched "
+                      "after the push; %.0f rows patched per %s step of %.0f unique (%.1f%%), "
+                      "%.1f KB of rows and optimizer state per early fetch\n",
+                      static_cast<unsigned long long>(r.steps_patched),
+                      static_cast<unsigned long long>(r.steps_refetched), patched,
+                      r.merged_steps > 0 ? "node" : "pipeline", merged_step_keys,
+                      merged_step_keys > 0 ? 100 * patched / merged_step_keys : 0,
+                      r.steps_patched ? r.patch_bytes / 1024.0 / r.steps_patched : 0);
+        }
         std::printf("      stand-in model backward: %.3f ms CPU/step, taking batches from the source: "
                     "%.3f ms CPU/step, both left out of the trainer's CPU\n",
                     r.CpuMsPerStep(r.model_cpu_seconds), r.CpuMsPerStep(r.input_cpu_seconds));
         std::fflush(stdout);
-        rows.push_back({pipelines, ms, prefetch ? "prefetch on" : "prefetch off", std::move(r), base_ms});
+        rows.push_back({pipelines, ms, FetchName(fetch), std::move(r), base_ms});
       }
     }
   }

@@ -378,7 +378,7 @@ absl::Status Client::Impl::Exchange(absl::Span<const v1::ExchangeRequest* const>
   }
   std::vector<bool> active(shards);
   for (uint32_t i = 0; i < shards; ++i) {
-    active[i] = requests[i]->has_push() || requests[i]->has_lookup();
+    active[i] = requests[i]->has_push() || requests[i]->has_lookup() || requests[i]->has_peek();
   }
   auto unary = [exchange = Unary(embedding, &v1::EmbeddingService::Stub::PrepareAsyncExchange)](
                    CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,

@@ -117,6 +117,33 @@ void PipelineTelemetry::Failed() {
   if (metrics_ != nullptr) metrics_->failed->Set(1);
 }
 
+void PipelineTelemetry::Patched(uint64_t rows) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps_patched;
+    stats_.rows_patched += rows;
+  }
+  if (metrics_ == nullptr) return;
+  metrics_->steps_patched->Add();
+  metrics_->rows_patched->Add(static_cast<double>(rows));
+}
+
+void PipelineTelemetry::Refetching() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps_refetched;
+  }
+  if (metrics_ != nullptr) metrics_->steps_refetched->Add();
+}
+
+void PipelineTelemetry::Peeked(uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.patch_bytes += bytes;
+  }
+  if (metrics_ != nullptr) metrics_->patch_bytes->Add(static_cast<double>(bytes));
+}
+
 PipelineStats PipelineTelemetry::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

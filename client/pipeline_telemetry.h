@@ -47,6 +47,11 @@ class PipelineTelemetry {
   // A push was sent; ok: applied, with `step_bytes` moved for its step.
   void Pushed(bool ok, uint64_t step_bytes);
   void Failed();
+  // Early fetch: a step's rows brought forward (`rows` of them patched);
+  // a peeked step fetched after the push instead; an early fetch's answer.
+  void Patched(uint64_t rows);
+  void Refetching();
+  void Peeked(uint64_t bytes);
 
   PipelineStats Stats() const;
 

@@ -37,7 +37,7 @@ bool RequestPlan::HasKeys(uint32_t shard) const {
 }
 
 uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
-                                 v1::LookupRequest* request) const {
+                                 v1::LookupRequest* request, bool omit_rows) const {
   uint64_t bytes = 0;
   for (size_t tb = 0; tb < members_[shard].size(); ++tb) {
     const std::vector<uint32_t>& m = members_[shard][tb];
@@ -47,6 +47,7 @@ uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
     t->set_table((*tables_)[tb]);
     t->set_dtype(v1::DTYPE_FP32);
     t->set_read_only(read_only);
+    t->set_omit_rows(omit_rows);
     std::string* out = t->mutable_keys();
     ResizeUninitialized(out, m.size() * 8);
     char* dst = out->data();

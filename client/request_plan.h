@@ -41,9 +41,16 @@ class RequestPlan {
   // The keys of the plan.
   uint64_t keys() const { return total_keys_; }
 
+  // Indices into keys[table] of the keys `shard` serves, in request order.
+  const std::vector<uint32_t>& members(uint32_t shard, size_t table) const {
+    return members_[shard][table];
+  }
+
   // Adds one TableLookup per table with keys on `shard` (fp32 rows, writing
-  // lookups unless `read_only`); returns the key bytes written.
-  uint64_t FillLookup(uint32_t shard, bool read_only, v1::LookupRequest* request) const;
+  // lookups unless `read_only`, without rows in the answer if `omit_rows`);
+  // returns the key bytes written.
+  uint64_t FillLookup(uint32_t shard, bool read_only, v1::LookupRequest* request,
+                      bool omit_rows = false) const;
   // Adds one TableGradients per table with keys on `shard`: its keys and
   // their rows of `grads[tb]`. Returns the payload bytes written.
   uint64_t FillPush(uint32_t shard, const std::vector<const float*>& grads,

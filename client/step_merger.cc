@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
+#include "client/early_fetch.h"
 #include "client/pooling.h"
 #include "client/request_plan.h"
 #include "common/status_macros.h"
@@ -24,6 +25,9 @@ StepMergerImpl::StepMergerImpl(Client* client, StepMergerOptions options)
     : client_(client), options_(std::move(options)), dedup_(std::make_unique<KeyDeduplicator>()) {
   parts_.assign(options_.ranks, nullptr);
   joined_.assign(options_.ranks, false);
+  delivered_.assign(options_.ranks, false);
+  delivery_status_.assign(options_.ranks, absl::OkStatus());
+  applied_upto_ = options_.first_step - 1;
 }
 
 absl::Status StepMergerImpl::Register() {
@@ -54,6 +58,12 @@ absl::Status StepMergerImpl::Join(int rank, const std::vector<std::string>& tabl
         absl::StrCat("merger_rank ", rank, ": another pipeline has that rank already"));
   }
   if (tables_.empty()) {
+    if (options_.early_fetch && options_.staleness == 0) {
+      // How the shards hold the tables, for the trainer-side updates.
+      EMBER_ASSIGN_OR_RETURN(std::vector<EarlyFetch::Table> described,
+                             EarlyFetch::Describe(*client_, tables));
+      early_ = std::make_unique<EarlyFetch>(std::move(described));
+    }
     tables_ = tables;
     dims_ = dims;
   } else if (tables != tables_ || dims != dims_) {
@@ -77,6 +87,10 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
     // RPCs have their own deadlines (and the leader writes into this part).
     const auto deadline = absl::ToChronoTime(absl::Now() + options_.timeout);
     while (generation_ == generation && failed_.ok()) {
+      if (patched_ && !delivered_[rank]) {
+        DeliverPatched(rank, part, lock);
+        continue;
+      }
       if (running_) {
         cv_.wait(lock);
         continue;
@@ -98,15 +112,23 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
       arrived_ = 0;
       cv_.notify_all();
     }
-    if (generation_ != generation) return round_status_;
+    if (generation_ != generation) {
+      if (patched_ && !delivered_[rank]) DeliverPatched(rank, part, lock);
+      return round_status_.ok() ? delivery_status_[rank] : round_status_;
+    }
     return failed_;
   }
-  // The last rank to arrive runs the round.
+  // The last rank to arrive runs the round. Every rank is back in Merge, so
+  // all are done with the previous round's patched rows.
   std::vector<Part*> parts = parts_;
   running_ = true;
+  patched_ = false;
+  delivered_.assign(options_.ranks, false);
+  delivery_status_.assign(options_.ranks, absl::OkStatus());
   lock.unlock();
-  absl::Status status = RunRound(parts);
+  absl::Status status = RunRound(parts, rank);
   lock.lock();
+  if (status.ok()) status = delivery_status_[rank];
   running_ = false;
   round_status_ = status;
   parts_.assign(options_.ranks, nullptr);
@@ -114,6 +136,17 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
   ++generation_;
   cv_.notify_all();
   return status;
+}
+
+void StepMergerImpl::DeliverPatched(int rank, Part* part, std::unique_lock<std::mutex>& lock) {
+  delivered_[rank] = true;
+  const int64_t step = *part->push_step + 1;
+  const uint64_t rows = patched_rows_;
+  const absl::Time start = patch_start_;
+  lock.unlock();
+  absl::Status status = part->on_patched(step, rows, start);
+  lock.lock();
+  delivery_status_[rank] = status;
 }
 
 absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const {
@@ -133,7 +166,7 @@ absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const 
   return absl::OkStatus();
 }
 
-absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
+absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts, int leader) {
   EMBER_RETURN_IF_ERROR(CheckInStep(parts));
   const Part& first = *parts[0];
   const size_t tables = tables_.size();
@@ -142,6 +175,7 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
   std::vector<v1::ExchangeRequest> requests(shards);
   uint64_t sent = 0;
 
+  MergedStep* refetch = nullptr;  // the step after the push, fetched after it
   if (first.push_step) {
     auto it = steps_.find(*first.push_step);
     if (it == steps_.end()) {
@@ -171,10 +205,17 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
         if (fresh_[u]) memset(sum_at_[tb][u], 0, size_t{dims_[tb]} * sizeof(float));
       }
     }
+    const int64_t next = *first.push_step + 1;
+    if (early_ && early_->pending() == next) {
+      EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(parts, leader, next, &requests));
+      if (!patched) refetch = steps_.at(next).get();
+    }
   }
 
   MergedStep* fetch = nullptr;
+  bool peek = false;
   if (first.fetch_step) {
+    const int64_t f = *first.fetch_step;
     auto merged = std::make_unique<MergedStep>();
     merged->keys.resize(tables);
     merged->map.assign(ranks, std::vector<std::vector<uint32_t>>(tables));
@@ -189,14 +230,16 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
       merged->keys[tb] = dedup_->unique();
     }
     merged->plan.Route(*client_, tables_, dims_, merged->keys);
-    for (uint32_t sh = 0; sh < shards; ++sh) {
-      if (!merged->plan.HasKeys(sh)) continue;
-      v1::LookupRequest* l = requests[sh].mutable_lookup();
-      sent += merged->plan.FillLookup(sh, /*read_only=*/false, l);
-      if (options_.staleness >= 0) {
-        l->set_step(*first.fetch_step);
-        l->set_staleness(static_cast<uint32_t>(options_.staleness));
-        l->set_worker_id(options_.worker_id);
+    // Early: a peek unless the push before the fetched step is applied by now.
+    peek = early_ && first.push_step != f - 1 && applied_upto_ < f - 1;
+    if (peek) {
+      early_->FillPeek(merged->plan, f, options_.worker_id, &requests);
+    } else {
+      for (uint32_t sh = 0; sh < shards; ++sh) {
+        if (!merged->plan.HasKeys(sh)) continue;
+        v1::LookupRequest* l = requests[sh].mutable_lookup();
+        sent += merged->plan.FillLookup(sh, /*read_only=*/false, l);
+        SetClock(f, l);
       }
     }
     {
@@ -206,7 +249,7 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
       stats_.merged_keys += merged->plan.keys();
     }
     fetch = merged.get();
-    steps_[*first.fetch_step] = std::move(merged);
+    steps_[f] = std::move(merged);
   }
   if (first.push_step) steps_.erase(*first.push_step);
   if (!first.push_step && !first.fetch_step) return absl::OkStatus();
@@ -217,24 +260,34 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.rounds;
   }
+  if (first.push_step) applied_upto_ = *first.push_step;
   uint64_t received = 0;
-  if (fetch != nullptr) {
+  if (peek) {
+    EMBER_RETURN_IF_ERROR(early_->Receive(*first.fetch_step, fetch->keys, fetch->plan, responses,
+                                          steps_.at(*first.fetch_step - 1)->keys));
+    for (Part* p : parts) p->peek_bytes = early_->peek_bytes() / ranks;
+  }
+  // The rows that came back: the fetched step's, or the refetched one's.
+  MergedStep* with_rows = refetch != nullptr ? refetch : peek ? nullptr : fetch;
+  if (with_rows != nullptr) {
+    const int64_t step = refetch != nullptr ? *first.push_step + 1 : *first.fetch_step;
     // Each rank's rows, in its own key order, by address: where they
     // arrived in the answers, or, below copy_rows_below_bytes, in a block
     // of the rank's own. Each rank pools from there.
     row_at_.resize(tables);
-    for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(fetch->keys[tb].size());
+    for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(with_rows->keys[tb].size());
     for (uint32_t sh = 0; sh < shards; ++sh) {
-      if (!fetch->plan.HasKeys(sh)) continue;
-      EMBER_RETURN_IF_ERROR(
-          fetch->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
+      if (!with_rows->plan.HasKeys(sh)) continue;
+      EMBER_RETURN_IF_ERROR(with_rows->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
     }
     rank_rows_.resize(ranks);
     for (int r = 0; r < ranks; ++r) {
+      parts[r]->rows_step = step;
+      parts[r]->refetched = refetch != nullptr;
       parts[r]->rows_at.resize(tables);
       rank_rows_[r].resize(tables);
       for (size_t tb = 0; tb < tables; ++tb) {
-        const std::vector<uint32_t>& map = fetch->map[r][tb];
+        const std::vector<uint32_t>& map = with_rows->map[r][tb];
         std::vector<const char*>& at = parts[r]->rows_at[tb];
         at.resize(map.size());
         const size_t row_bytes = size_t{dims_[tb]} * sizeof(float);
@@ -253,9 +306,57 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
   }
   for (Part* p : parts) {
     p->bytes_sent = sent / ranks;
-    p->bytes_received = received / ranks;
+    p->bytes_received = (received + (peek ? early_->peek_bytes() : 0)) / ranks;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepMergerImpl::PatchNext(const std::vector<Part*>& parts, int leader,
+                                               int64_t step,
+                                               std::vector<v1::ExchangeRequest>* requests) {
+  MergedStep& next = *steps_.at(step);
+  const bool patched = early_->Patchable();
+  if (patched) {
+    const absl::Time start = absl::Now();
+    EMBER_ASSIGN_OR_RETURN(const std::vector<const float*> rows, early_->Patch(sum_at_));
+    for (size_t r = 0; r < parts.size(); ++r) {
+      parts[r]->patched_at.resize(tables_.size());
+      for (size_t tb = 0; tb < tables_.size(); ++tb) {
+        const std::vector<uint32_t>& map = next.map[r][tb];
+        std::vector<const char*>& at = parts[r]->patched_at[tb];
+        at.resize(map.size());
+        for (size_t u = 0; u < map.size(); ++u) {
+          at[u] = reinterpret_cast<const char*>(rows[tb] + size_t{map[u]} * dims_[tb]);
+        }
+      }
+    }
+    // The ranks pool their rows while this thread sends the exchange; this
+    // rank's own first, so that its trainer does not wait for the answer.
+    std::unique_lock<std::mutex> lock(mu_);
+    patched_ = true;
+    patched_rows_ = early_->rows_patched();
+    patch_start_ = start;
+    cv_.notify_all();
+    DeliverPatched(leader, parts[leader], lock);
+  } else {
+    early_->Drop();
+  }
+  // The lookup's effects (or, to refetch, its rows) after the push, as plain
+  // s = 0 has them.
+  for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
+    if (!next.plan.HasKeys(sh)) continue;
+    v1::LookupRequest* l = (*requests)[sh].mutable_lookup();
+    next.plan.FillLookup(sh, /*read_only=*/false, l, /*omit_rows=*/patched);
+    SetClock(step, l);
+  }
+  return patched;
+}
+
+void StepMergerImpl::SetClock(int64_t step, v1::LookupRequest* l) const {
+  if (options_.staleness < 0) return;
+  l->set_step(step);
+  l->set_staleness(static_cast<uint32_t>(options_.staleness));
+  l->set_worker_id(options_.worker_id);
 }
 
 StepMergerImpl* MergerImpl(StepMerger* merger) { return merger->impl_.get(); }

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
+#include "client/early_fetch.h"
 #include "client/pipeline_step.h"
 #include "client/pipeline_telemetry.h"
 #include "client/pooling.h"
@@ -97,6 +98,15 @@ class StepPipeline::Impl {
                  : options_.merger != nullptr ? StepScheduler::Pairing::kCallOrder
                                               : StepScheduler::Pairing::kHold;
     so.push_hold = kPushHold;
+    so.early_fetch = options_.staleness == 0 && !node_ &&
+                     (options_.merger != nullptr ? options_.merger->options().early_fetch
+                                                 : options_.early_fetch);
+    if (so.early_fetch && options_.merger == nullptr) {
+      EMBER_ASSIGN_OR_RETURN(std::vector<EarlyFetch::Table> described,
+                             EarlyFetch::Describe(*client_, tables_));
+      early_ = std::make_unique<EarlyFetch>(std::move(described));
+    }
+    early_fetch_ = so.early_fetch;
     scheduler_.emplace(so);
     if (options_.staleness >= 0 && options_.merger == nullptr) {
       EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
@@ -246,7 +256,15 @@ class StepPipeline::Impl {
     EMBER_RETURN_IF_ERROR(scheduler_->CheckWait(step));
     std::shared_ptr<Step> s = live_.at(step);
     const absl::Time start = absl::Now();
+    // An early-fetched step is ready once the push before it is sent: a
+    // push held for a fetch to pair with goes now, as on Flush.
+    const bool nudge = early_fetch_ && !s->ready;
+    if (nudge) {
+      ++flushers_;
+      cv_.notify_all();
+    }
     cv_.wait(lock, [&] { return s->ready || !error_.ok(); });
+    if (nudge) --flushers_;
     telemetry_->Span(/*network=*/false, "Wait", start, step);
     scheduler_->OnWait();
     // The fetch took `fetch`; the trainer saw `waited` of it.
@@ -325,10 +343,6 @@ class StepPipeline::Impl {
         if (!status.ok() && error_.ok()) {
           error_ = status;
           telemetry_->Failed();
-        }
-        if (fetch) {
-          fetch->ready = true;
-          fetch->ready_at = absl::Now();
         }
         if (push) live_.erase(push->step);
         scheduler_->OnSent(exchange, status.ok());
@@ -411,10 +425,11 @@ class StepPipeline::Impl {
   // One PushRequest per shard (every shard, so that its clock advances) of
   // the step's gradients, routed by its plan (with a node shuffle: the
   // node's sums for the keys this rank owns). Returns the payload bytes.
-  absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<v1::PushRequest>* requests) {
+  // `grads`: sink_->Gradients(s).
+  absl::StatusOr<uint64_t> BuildPush(Step& s, std::vector<const float*> grads,
+                                     std::vector<v1::PushRequest>* requests) {
     const uint32_t shards = client_->shard_count();
     const size_t tables = tables_.size();
-    EMBER_ASSIGN_OR_RETURN(std::vector<const float*> grads, sink_->Gradients(s));
     if (node_) {
       // Trade gradients: this rank pushes the node's sums for its own keys.
       const uint64_t before = node_->bytes_sent() + node_->bytes_received();
@@ -445,28 +460,53 @@ class StepPipeline::Impl {
   }
 
   // One Exchange per shard carrying `push` (gradients of an earlier step)
-  // and/or `fetch` (the rows of a later one).
+  // and/or `fetch` (the rows of a later one). Marks the steps whose rows
+  // it delivers ready. With early fetch, the step after `push` (peeked
+  // while it computed) is brought forward and ready before the exchange
+  // goes out, and `fetch` may be a peek, ready only once its own patch is.
   absl::Status SendExchange(Step* push, Step* fetch) {
     if (options_.merger != nullptr) return SendMerged(push, fetch);
     const uint32_t shards = client_->shard_count();
     std::vector<v1::ExchangeRequest> requests(shards);
+    Step* refetch = nullptr;  // the step after the push, fetched after it after all
     if (push) {
+      EMBER_ASSIGN_OR_RETURN(const std::vector<const float*> grads, sink_->Gradients(*push));
+      if (early_ && early_->pending() == push->step + 1) {
+        Step* next = LiveStep(push->step + 1);
+        EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(*next, grads));
+        if (!patched) refetch = next;
+        // The lookup's effects (or, to refetch, its rows) after the push, as
+        // plain s = 0 has them.
+        for (uint32_t sh = 0; sh < shards; ++sh) {
+          if (!next->plan.HasKeys(sh)) continue;
+          v1::LookupRequest* r = requests[sh].mutable_lookup();
+          CountBytes(*next, next->plan.FillLookup(sh, /*read_only=*/false, r,
+                                                  /*omit_rows=*/refetch == nullptr), 0, 0);
+          SetClock(next->step, r);
+        }
+      }
       std::vector<v1::PushRequest> pushes;
-      EMBER_ASSIGN_OR_RETURN(const uint64_t bytes, BuildPush(*push, &pushes));
+      EMBER_ASSIGN_OR_RETURN(const uint64_t bytes, BuildPush(*push, grads, &pushes));
       CountBytes(*push, bytes, 0, 0);
       for (uint32_t sh = 0; sh < shards; ++sh) requests[sh].mutable_push()->Swap(&pushes[sh]);
     }
+    bool peek = false;
     if (fetch) {
       EMBER_ASSIGN_OR_RETURN(const uint64_t unique_keys, BuildLookup(*fetch));
+      // A peek unless the push before the fetched step is applied by now.
+      peek = early_ && !(push && push->step == fetch->step - 1) && PushedUpto() < fetch->step - 1;
       uint64_t sent = 0;
-      for (uint32_t sh = 0; sh < shards; ++sh) {
-        if (!fetch->plan.HasKeys(sh)) continue;
-        v1::LookupRequest* r = requests[sh].mutable_lookup();
-        sent += fetch->plan.FillLookup(sh, /*read_only=*/false, r);
-        if (options_.staleness >= 0) {
-          r->set_step(fetch->step);
-          r->set_staleness(static_cast<uint32_t>(options_.staleness));
-          r->set_worker_id(options_.worker_id);
+      if (peek) {
+        early_->FillPeek(fetch->plan, fetch->step, options_.worker_id, &requests);
+        for (const auto& r : requests) {
+          for (const v1::TableLookup& t : r.peek().tables()) sent += t.keys().size();
+        }
+      } else {
+        for (uint32_t sh = 0; sh < shards; ++sh) {
+          if (!fetch->plan.HasKeys(sh)) continue;
+          v1::LookupRequest* r = requests[sh].mutable_lookup();
+          sent += fetch->plan.FillLookup(sh, /*read_only=*/false, r);
+          SetClock(fetch->step, r);
         }
       }
       CountBytes(*fetch, sent, 0, 0);
@@ -479,8 +519,84 @@ class StepPipeline::Impl {
         client_->Exchange(HandOver(&requests), &responses, telemetry_->tracing() ? &calls : nullptr);
     telemetry_->ExchangeSpans(start, shards, push ? &push->step : nullptr,
                               fetch ? &fetch->step : nullptr, status.ok(), calls);
-    if (fetch && status.ok()) status = FinishLookup(*fetch, responses);
-    return status;
+    EMBER_RETURN_IF_ERROR(status);
+    if (refetch) {
+      EMBER_RETURN_IF_ERROR(FinishLookup(*refetch, responses));
+      MarkReady(*refetch);
+    }
+    if (fetch && peek) {
+      const Step* previous = LiveStep(fetch->step - 1);
+      EMBER_RETURN_IF_ERROR(early_->Receive(fetch->step, Fetched(*fetch), fetch->plan, responses,
+                                            Fetched(*previous)));
+      CountBytes(*fetch, 0, early_->peek_bytes(), 0);
+      telemetry_->Peeked(early_->peek_bytes());
+    } else if (fetch) {
+      EMBER_RETURN_IF_ERROR(FinishLookup(*fetch, responses));
+      MarkReady(*fetch);
+    }
+    return absl::OkStatus();
+  }
+
+  // The consistency fields of a lookup of `step` (none when asynchronous).
+  void SetClock(int64_t step, v1::LookupRequest* r) const {
+    if (options_.staleness < 0) return;
+    r->set_step(step);
+    r->set_staleness(static_cast<uint32_t>(options_.staleness));
+    r->set_worker_id(options_.worker_id);
+  }
+
+  // Early fetch: brings `next`'s peeked rows forward through the push whose
+  // per-key gradients are `grads` and delivers them (next is then ready),
+  // or, when others may change them, leaves `next` to be fetched after the
+  // push (false).
+  absl::StatusOr<bool> PatchNext(Step& next, const std::vector<const float*>& grads) {
+    if (!early_->Patchable()) {
+      early_->Drop();
+      telemetry_->Refetching();
+      return false;
+    }
+    const absl::Time start = absl::Now();
+    EMBER_ASSIGN_OR_RETURN(const std::vector<const float*> rows, early_->Patch(grads));
+    const std::vector<std::vector<uint64_t>>& keys = Fetched(next);
+    rows_at_.resize(tables_.size());
+    for (size_t tb = 0; tb < tables_.size(); ++tb) {
+      rows_at_[tb].resize(keys[tb].size());
+      for (size_t u = 0; u < keys[tb].size(); ++u) {
+        rows_at_[tb][u] = reinterpret_cast<const char*>(rows[tb] + u * table_dim_[tb]);
+      }
+    }
+    EMBER_RETURN_IF_ERROR(DeliverPatched(next, rows_at_, early_->rows_patched(), start));
+    return true;
+  }
+
+  // Delivers a step's rows brought forward (`rows` of them patched, from
+  // `start`): the step is ready.
+  absl::Status DeliverPatched(Step& s, const std::vector<std::vector<const char*>>& at,
+                              uint64_t rows, absl::Time start) {
+    EMBER_RETURN_IF_ERROR(sink_->DeliverAt(s, at));
+    telemetry_->Patched(rows);
+    telemetry_->Span(/*network=*/true, "Patch", start, s.step, absl::StrCat("\"rows\":", rows));
+    MarkReady(s);
+    return absl::OkStatus();
+  }
+
+  void MarkReady(Step& s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.ready = true;
+      s.ready_at = absl::Now();
+    }
+    cv_.notify_all();
+  }
+
+  Step* LiveStep(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.at(step).get();
+  }
+
+  int64_t PushedUpto() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scheduler_->pushed_upto();
   }
 
   // SendExchange through the node's StepMerger: this rank's part of one
@@ -496,6 +612,11 @@ class StepPipeline::Impl {
       part.fetch_step = fetch->step;
       part.keys = &fetch->unique;
     }
+    // Early fetch: the step after the push, brought forward by the merger,
+    // is delivered from this thread while the merged exchange is out.
+    part.on_patched = [&](int64_t step, uint64_t rows, absl::Time start) {
+      return DeliverPatched(*LiveStep(step), part.patched_at, rows, start);
+    };
     const absl::Time start = absl::Now();
     absl::Status status = internal::MergerImpl(options_.merger)->Merge(options_.merger_rank, &part);
     telemetry_->Span(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
@@ -508,9 +629,16 @@ class StepPipeline::Impl {
       for (const auto& u : fetch->unique) unique_keys += u.size();
       CountFetch(*fetch, unique_keys, push);
       CountBytes(*fetch, 0, part.bytes_received, 0);
-      if (status.ok()) status = sink_->DeliverAt(*fetch, part.rows_at);
     }
-    return status;
+    if (part.refetched) telemetry_->Refetching();
+    if (part.peek_bytes > 0) telemetry_->Peeked(part.peek_bytes);
+    EMBER_RETURN_IF_ERROR(status);
+    if (part.rows_step) {  // the fetched step, or the step after the push refetched
+      Step* s = fetch && *part.rows_step == fetch->step ? fetch : LiveStep(*part.rows_step);
+      EMBER_RETURN_IF_ERROR(sink_->DeliverAt(*s, part.rows_at));
+      MarkReady(*s);
+    }
+    return absl::OkStatus();
   }
 
   // Adds payload bytes of step `s` to the stats, the metrics and the step.
@@ -544,6 +672,7 @@ class StepPipeline::Impl {
   std::vector<std::vector<float>> owned_grads_scratch_;  // network thread only
   std::unique_ptr<NodeShuffle> node_;             // used by the network thread only
   std::unique_ptr<RowSink> sink_;                  // used by the network thread only
+  std::unique_ptr<EarlyFetch> early_;              // network thread only; null: no early fetch
   bool registered_ = false;
   bool closed_ = false;
   absl::Status close_status_;
@@ -553,7 +682,8 @@ class StepPipeline::Impl {
   std::optional<StepScheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   // Steps from Prefetch until their push is sent (or dropped at Close).
   absl::flat_hash_map<int64_t, std::shared_ptr<Step>> live_ ABSL_GUARDED_BY(mu_);
-  int flushers_ ABSL_GUARDED_BY(mu_) = 0;
+  int flushers_ ABSL_GUARDED_BY(mu_) = 0;  // Flush calls, and Waits of early-fetched steps
+  bool early_fetch_ = false;  // set by Init
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The first failure; every later call returns it.
   absl::Status error_ ABSL_GUARDED_BY(mu_);

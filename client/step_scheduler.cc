@@ -116,8 +116,9 @@ StepScheduler::Decision StepScheduler::Next(absl::Time now, bool flushing, bool 
       std::find_if(jobs_.begin() + 1, jobs_.end(), [](const Job& j) { return j.push; });
   if (options_.staleness >= 0) {
     // SSP: the fetch of step t waits for this worker's push of t - s - 1,
-    // or the shard would hold the lookup until it came.
-    const int64_t needed = front.step - options_.staleness - 1;
+    // or the shard would hold the lookup until it came (an early fetch: of
+    // t - s - 2).
+    const int64_t needed = front.step - options_.staleness - 1 - (options_.early_fetch ? 1 : 0);
     if (needed > pushed_upto_) {
       if (first_push == jobs_.end()) return d;  // kWait: not pushed yet
       const int64_t push = first_push->step;

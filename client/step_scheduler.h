@@ -36,6 +36,10 @@ class StepScheduler {
     int64_t first_step = 0;
     int depth = 1;       // steps fetched ahead of the one computing
     int staleness = 0;   // SSP s; negative: asynchronous
+    // Early fetch (s = 0, client/early_fetch.h): a fetch of step t goes once
+    // this worker's push of t - 2 is applied, one step before SSP needs;
+    // the pipeline brings its rows forward through push t - 1 itself.
+    bool early_fetch = false;
     Pairing pairing = Pairing::kHold;
     absl::Duration push_hold = absl::Milliseconds(2);
   };

@@ -49,6 +49,20 @@ TrainerMetrics::TrainerMetrics()
           "ember_trainer_pipeline_failed",
           "1 once the pipeline's background work failed (every later call returns the error).",
           {"worker"})),
+      early_steps_(registry_.AddCounter(
+          "ember_trainer_early_fetch_steps_total",
+          "s = 0 steps fetched early: patched (brought forward on the trainer through the push "
+          "before) or refetched (after the push, as others could change the rows).",
+          {"worker", "outcome"})),
+      rows_patched_(registry_.AddCounter(
+          "ember_trainer_rows_patched_total",
+          "Rows of early-fetched steps brought forward through the previous step's push.",
+          {"worker"})),
+      patch_bytes_(registry_.AddCounter(
+          "ember_trainer_patch_bytes_total",
+          "Bytes of the early fetches' answers (rows, optimizer state, step counts); also in "
+          "ember_trainer_bytes_total received.",
+          {"worker"})),
       rpc_duration_(registry_.AddHistogram("ember_trainer_rpc_duration_seconds",
                                            "Client RPC attempts to each shard, retries included.",
                                            {"shard", "rpc"})),
@@ -73,7 +87,8 @@ TrainerMetrics::Pipeline& TrainerMetrics::ForWorker(uint32_t worker) {
       &overlap_.With(w), &staleness_.With(w), &staleness_bound_.With(w), &keys_.With(w),
       &unique_keys_.With(w), &unique_ratio_.With(w), &bytes_.With({w[0], "sent"}),
       &bytes_.With({w[0], "received"}), &bytes_.With({w[0], "node_shuffle"}),
-      &step_bytes_.With(w), &failed_.With(w)});
+      &step_bytes_.With(w), &failed_.With(w), &early_steps_.With({w[0], "patched"}),
+      &early_steps_.With({w[0], "refetched"}), &rows_patched_.With(w), &patch_bytes_.With(w)});
   return *p;
 }
 

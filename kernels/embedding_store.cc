@@ -214,6 +214,29 @@ absl::StatusOr<PushResult> EmbeddingStore::ApplyValidatedGradients(absl::Span<co
   return ApplyGradientsImpl(keys, grad_dtype, grads);
 }
 
+absl::Status EmbeddingStore::Peek(absl::Span<const uint64_t> keys, const PeekedRows& out) {
+  const size_t n = keys.size();
+  const size_t state = config_.dim * OptimizerStateFloatsPerElement(config_.optimizer.kind);
+  const size_t steps = OptimizerHasStepCount(config_.optimizer.kind) ? n : 0;
+  auto check = [&](absl::string_view field, size_t expected, size_t received) {
+    if (expected == received) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("table '", config_.name, "' Peek field '",
+                                                   field, "': expected ", expected,
+                                                   " elements, received ", received));
+  };
+  EMBER_RETURN_IF_ERROR(check("values", n * config_.dim, out.values.size()));
+  EMBER_RETURN_IF_ERROR(check("state", n * state, out.state.size()));
+  EMBER_RETURN_IF_ERROR(check("steps", steps, out.steps.size()));
+  EMBER_RETURN_IF_ERROR(check("stored", n, out.stored.size()));
+  if (n == 0) return absl::OkStatus();
+  return PeekImpl(keys, out);
+}
+
+absl::Status EmbeddingStore::PeekImpl(absl::Span<const uint64_t>, const PeekedRows&) {
+  return absl::UnimplementedError(
+      absl::StrCat("table '", config_.name, "': this store cannot peek at rows"));
+}
+
 absl::StatusOr<size_t> EmbeddingStore::Erase(absl::Span<const uint64_t> keys) {
   if (keys.empty()) return 0;
   return EraseImpl(keys);

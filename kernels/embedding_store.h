@@ -101,6 +101,14 @@ struct SnapshotBatch {
   void Clear();
 };
 
+// Where Peek writes, n = keys.size() rows, host memory owned by the caller.
+struct PeekedRows {
+  absl::Span<float> values;     // (n, dim): the stored row in fp32, exact at any storage dtype
+  absl::Span<float> state;      // (n, dim * OptimizerStateFloatsPerElement), per row slot-major
+  absl::Span<uint32_t> steps;   // (n) optimizer step counts; empty unless OptimizerHasStepCount
+  absl::Span<uint8_t> stored;   // (n) 1: stored; 0: absent, answered with its initial row and state
+};
+
 // A push's gradient rows, in key order: (n, dim) of the push's dtype, host
 // memory, any alignment. Either one packed buffer, or one address per row:
 // a shard reads a push's rows where they arrived, in pieces of the network's
@@ -160,6 +168,17 @@ class EmbeddingStore {
   // counted min_count times, the others' gradients are dropped and counted.
   absl::StatusOr<PushResult> ApplyGradients(absl::Span<const uint64_t> keys, DType grad_dtype,
                                             absl::Span<const uint8_t> grads);
+
+  // The rows of `keys` with their optimizer state, without any effect on
+  // the table: nothing is inserted, no admission count, eviction score or
+  // TTL stamp changes (so Peek may run at any moment without changing what
+  // later calls do). An absent key is answered with the row and state an
+  // insert would give it. Each row is read atomically with respect to
+  // pushes. A trainer's early fetch uses it to bring rows forward with
+  // opt::StepStoredRow. UNIMPLEMENTED where a store cannot (the CUDA store).
+  absl::Status Peek(absl::Span<const uint64_t> keys, const PeekedRows& out);
+  // Whether Peek is implemented.
+  virtual bool CanPeek() const { return false; }
 
   // Removes the keys; returns how many were stored. Missing keys are ignored.
   absl::StatusOr<size_t> Erase(absl::Span<const uint64_t> keys);
@@ -229,6 +248,8 @@ class EmbeddingStore {
                                                         DType grad_dtype,
                                                         const GradientRows& grads) = 0;
   virtual absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) = 0;
+  // The default: UNIMPLEMENTED.
+  virtual absl::Status PeekImpl(absl::Span<const uint64_t> keys, const PeekedRows& out);
   virtual absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) = 0;
   virtual absl::Status ImportImpl(const ExportedRows& rows) = 0;
   // The default suits a store whose calls are serialised: a kFull snapshot

@@ -1,6 +1,8 @@
 #include "kernels/optimizer_rows.h"
 
 #include <cstring>
+#include <algorithm>
+#include <cstdint>
 
 #include "common/vector_dispatch.h"
 #include "kernels/row_policy.h"
@@ -48,6 +50,24 @@ void UpdateRow(const OptimizerConfig& c, float step_size, const void* g, float* 
     using Rule = decltype(rule);
     RuleOverRow<Rule>(c, step_size, g, w, state, Rule::kStateSlots > 1 ? state + n : nullptr, n);
   });
+}
+
+void StepStoredRow(const OptimizerConfig& c, DType storage, const void* g, float* w,
+                   float* state, uint32_t* step, size_t n) {
+  uint32_t no_step = 0;
+  const float step_size = row::AdvanceStep(c, step != nullptr ? *step : no_step);
+  UpdateRow(c, step_size, g, w, state, n);
+  if (storage == DType::kFp32) return;
+  // The store keeps the row as `storage`: the same conversion there and
+  // back, in pieces on the stack (no thread_local: the trainer's library
+  // is also a shared object, libember_c.so).
+  constexpr size_t kPiece = 256;
+  uint16_t stored[kPiece];
+  for (size_t i = 0; i < n; i += kPiece) {
+    const size_t m = std::min(kPiece, n - i);
+    ConvertElements(w + i, DType::kFp32, stored, storage, m);
+    ConvertElements(stored, storage, w + i, DType::kFp32, m);
+  }
 }
 
 }  // namespace ember::opt

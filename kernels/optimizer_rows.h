@@ -15,11 +15,23 @@
 
 #include <cstddef>
 
+#include "common/dtype.h"
 #include "kernels/table_config.h"
 
 namespace ember::opt {
 
 void UpdateRow(const OptimizerConfig& c, float step_size, const void* g, float* w, float* state,
                size_t n);
+
+// One push's optimizer step on one row exactly as a host store applies it,
+// for a row held as fp32 outside the store (the trainer's early fetch,
+// docs/client.md#early-fetch-at-s--0): the step count advanced
+// (row::AdvanceStep; `step` may be null for optimizers without one), the rule
+// applied (UpdateRow), and `w` rounded to `storage` precision, so that `w`,
+// `state` and `step` then hold exactly what the store holds after the same
+// push. `w` must hold values of `storage` precision on entry (what a lookup
+// returns). `g` is n fp32 at any address.
+void StepStoredRow(const OptimizerConfig& c, DType storage, const void* g, float* w,
+                   float* state, uint32_t* step, size_t n);
 
 }  // namespace ember::opt

@@ -269,7 +269,8 @@ grpc::Status ServedExchanges::Push() {
 
 bool ServedExchanges::MayWait() const {
   const v1::ExchangeRequest& request = state_->received.message();
-  return request.has_lookup() && state_->shard->MayWait(request.lookup());
+  return (request.has_lookup() && state_->shard->MayWait(request.lookup())) ||
+         (request.has_peek() && state_->shard->MayWait(request.peek()));
 }
 
 grpc::Status ServedExchanges::Answer(grpc::ByteBuffer* out) {

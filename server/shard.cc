@@ -9,6 +9,7 @@
 #include "common/uninitialized_resize.h"
 #include "common/wire.h"
 #include "kernels/table_config_proto.h"
+#include "server/message_bounds.h"
 #include "server/push_gradients.h"
 
 #ifndef EMBER_VERSION
@@ -267,24 +268,21 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
   return LookupWithin(request, response, deadline, 0);
 }
 
-namespace {
-
-// Bytes a message field of `n` payload bytes takes: tag, length, payload.
-uint64_t FieldBytes(uint64_t n) {
-  uint64_t varint = 1;
-  for (uint64_t v = n; v >= 0x80; v >>= 7) ++varint;
-  return 1 + varint + n;
+absl::Status Shard::WaitForClock(const v1::LookupRequest& request, absl::string_view what,
+                                 absl::Time deadline) {
+  if (!request.has_step()) return absl::OkStatus();
+  const int64_t required = request.step() - int64_t{request.staleness()} - 1;
+  if (required < 0) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  absl::Status waited = clock_.WaitFor(
+      required, std::min(deadline, start + options_.max_ssp_wait),
+      absl::StrCat(what, " of worker ", request.worker_id(), " for step ", request.step(),
+                   " with staleness ", request.staleness()));
+  if (metrics_ != nullptr) {
+    metrics_->ssp_wait().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return waited;
 }
-
-// At most the serialized size of the TableRows answering `table` with
-// `row_bytes` of rows: the rows and the name as fields, dtype, dim and
-// missing as varints (at most 11 bytes each with their tags), and the
-// entry's own tag and length in LookupResponse.
-uint64_t TableRowsBound(const std::string& table, uint64_t row_bytes) {
-  return FieldBytes(FieldBytes(table.size()) + FieldBytes(row_bytes) + 3 * 11);
-}
-
-}  // namespace
 
 absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupResponse* response,
                                  absl::Time deadline, uint64_t reserved_bytes) {
@@ -307,8 +305,9 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
     EMBER_RETURN_IF_ERROR(Resolve("Lookup", absl::StrCat("tables[", i, "]"), t.table(), t.keys(),
                                   t.dtype(), &resolved));
     const Resolved& r = resolved.back();
-    response_bytes +=
-        TableRowsBound(t.table(), r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype));
+    response_bytes += TableRowsBound(
+        t.table(), {t.omit_rows() ? 0 : r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype)},
+        /*varints=*/3);
   }
   if (response_bytes > options_.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -318,20 +317,7 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
   std::vector<bool> writes(request.tables_size());
   for (int i = 0; i < request.tables_size(); ++i) writes[i] = !request.tables(i).read_only();
   EMBER_RETURN_IF_ERROR(CheckRowBudget(resolved, writes));
-  if (request.has_step()) {
-    const int64_t required = request.step() - int64_t{request.staleness()} - 1;
-    if (required >= 0) {
-      const absl::Time start = absl::Now();
-      absl::Status waited = clock_.WaitFor(
-          required, std::min(deadline, start + options_.max_ssp_wait),
-          absl::StrCat("lookup of worker ", request.worker_id(), " for step ", request.step(),
-                       " with staleness ", request.staleness()));
-      if (metrics_ != nullptr) {
-        metrics_->ssp_wait().Observe(absl::ToDoubleSeconds(absl::Now() - start));
-      }
-      EMBER_RETURN_IF_ERROR(waited);
-    }
-  }
+  EMBER_RETURN_IF_ERROR(WaitForClock(request, "lookup", deadline));
 
   for (int i = 0; i < request.tables_size(); ++i) {
     const Resolved& r = resolved[i];
@@ -340,8 +326,10 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
     out->set_table(request.tables(i).table());
     out->set_dtype(DTypeToProto(r.dtype));
     out->set_dim(r.table->config.dim());
-    std::string* rows = out->mutable_rows();
-    // Find writes every byte of the rows (or fails, and the response is dropped).
+    // Find writes every byte of the rows (or fails, and the response is
+    // dropped); rows the caller does not want go to scratch kept per thread.
+    thread_local std::string omitted;
+    std::string* rows = request.tables(i).omit_rows() ? &omitted : out->mutable_rows();
     ResizeUninitialized(rows, r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype));
     absl::Span<uint8_t> buf(reinterpret_cast<uint8_t*>(rows->data()), rows->size());
     absl::StatusOr<FindResult> found = request.tables(i).read_only()
@@ -355,7 +343,7 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
     if (r.table->series != nullptr) {
       r.table->series->lookup_requests->Add();
       r.table->series->lookup_keys->Add(static_cast<double>(r.keys.size()));
-      r.table->series->lookup_bytes->Add(static_cast<double>(rows->size()));
+      r.table->series->lookup_bytes->Add(static_cast<double>(out->rows().size()));
       r.table->series->lookup_missing->Add(static_cast<double>(found->missing));
     }
   }
@@ -445,14 +433,24 @@ absl::Status Shard::ExchangePush(const v1::ExchangeRequest& request,
 
 absl::Status Shard::ExchangeLookup(const v1::ExchangeRequest& request,
                                    v1::ExchangeResponse* response, absl::Time deadline) {
-  if (!request.has_lookup()) return absl::OkStatus();
-  // The push's answer and the two fields' framing share the message.
-  const uint64_t reserved = FieldBytes(response->push().ByteSizeLong()) + 1 + 10;
-  absl::Status looked_up =
-      LookupWithin(request.lookup(), response->mutable_lookup(), deadline, reserved);
-  if (looked_up.ok() || !request.has_push()) return looked_up;
-  return absl::Status(looked_up.code(),
-                      absl::StrCat("push applied; lookup: ", looked_up.message()));
+  // The push's answer and the fields' framing share the message.
+  uint64_t reserved = FieldBytes(response->push().ByteSizeLong()) + 2 * (1 + 10);
+  if (request.has_lookup()) {
+    absl::Status looked_up =
+        LookupWithin(request.lookup(), response->mutable_lookup(), deadline, reserved);
+    if (!looked_up.ok()) {
+      if (!request.has_push()) return looked_up;
+      return absl::Status(looked_up.code(),
+                          absl::StrCat("push applied; lookup: ", looked_up.message()));
+    }
+    reserved += response->lookup().ByteSizeLong();
+  }
+  if (!request.has_peek()) return absl::OkStatus();
+  absl::Status peeked = Peek(request.peek(), response->mutable_peek(), deadline, reserved);
+  if (peeked.ok() || !(request.has_push() || request.has_lookup())) return peeked;
+  return absl::Status(peeked.code(), absl::StrCat(request.has_lookup() ? "lookup served"
+                                                                       : "push applied",
+                                                  "; peek: ", peeked.message()));
 }
 
 absl::Status Shard::Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,

@@ -198,6 +198,16 @@ class Shard {
     DType dtype = DType::kFp32;
   };
 
+  // Waits until the clock allows `request` (a lookup or a peek, `what` in
+  // the error) when it carries a step; DEADLINE_EXCEEDED past `deadline`
+  // or max_ssp_wait.
+  absl::Status WaitForClock(const v1::LookupRequest& request, absl::string_view what,
+                            absl::Time deadline);
+  // An Exchange's peek (ExchangeRequest.peek), in shard_peek.cc: rows with
+  // their optimizer state, without effects on the tables.
+  // `reserved_bytes` of the answer are taken by the rest of the message.
+  absl::Status Peek(const v1::LookupRequest& request, v1::LookupResponse* response,
+                    absl::Time deadline, uint64_t reserved_bytes);
   // Resolves the table name and keys of one request entry; checks the key
   // byte size, duplicates of the table in the request and key ownership.
   absl::Status Resolve(absl::string_view rpc, absl::string_view field,

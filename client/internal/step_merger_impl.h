@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 namespace ember {
 
 class KeyDeduplicator;  // client/dedup.h
+class EarlyFetch;       // client/early_fetch.h
 
 namespace internal {
 
@@ -49,10 +51,25 @@ class StepMergerImpl {
     std::vector<const float*> grads;
     std::optional<int64_t> fetch_step;
     const std::vector<std::vector<uint64_t>>* keys = nullptr;
-    // Out: rows_at[tb][k] is the address of key k's row (dim floats, any
+    // Out: the step whose rows rows_at holds: the fetched step, or, with
+    // early fetch, the step after the pushed one when it had to be fetched
+    // after the push (`refetched`); none when the fetch was an early peek.
+    // rows_at[tb][k] is the address of key k's row (dim floats, any
     // alignment: read as bytes) in the shards' answers, which the merger
     // keeps until this rank's next Merge.
+    std::optional<int64_t> rows_step;
     std::vector<std::vector<const char*>> rows_at;
+    bool refetched = false;
+    // Early fetch (StepMergerOptions::early_fetch): when the step after
+    // push_step is brought forward, the merger sets patched_at (this rank's
+    // rows of it by address, valid until this rank's next Merge) and calls
+    // on_patched(step, rows patched, start) on this rank's own thread while
+    // the merged exchange is out; Merge returns its error if the round's is
+    // OK.
+    std::function<absl::Status(int64_t, uint64_t, absl::Time)> on_patched;
+    std::vector<std::vector<const char*>> patched_at;
+    // Out: bytes of the early fetch's answer, shared evenly over the ranks.
+    uint64_t peek_bytes = 0;
     // Out: payload bytes of the merged requests and responses, shared
     // evenly over the ranks.
     uint64_t bytes_sent = 0;
@@ -64,9 +81,20 @@ class StepMergerImpl {
 
  private:
   struct MergedStep;
-  // The leader's work, on the parts of one round; no lock held.
-  absl::Status RunRound(const std::vector<Part*>& parts);
+  // The leader's work, on the parts of one round (`leader` is its rank);
+  // no lock held.
+  absl::Status RunRound(const std::vector<Part*>& parts, int leader);
+  // Early fetch: brings the step after the round's push forward and hands
+  // each rank its rows (true), or leaves it to be fetched after the push
+  // (false). Adds the lookup of that step to `requests`.
+  absl::StatusOr<bool> PatchNext(const std::vector<Part*>& parts, int leader, int64_t step,
+                                 std::vector<v1::ExchangeRequest>* requests);
+  // Runs a rank's on_patched once the leader has set its rows; mu_ held
+  // on entry and exit.
+  void DeliverPatched(int rank, Part* part, std::unique_lock<std::mutex>& lock);
   absl::Status CheckInStep(const std::vector<Part*>& parts) const;
+  // The consistency fields of a lookup of `step` (none when asynchronous).
+  void SetClock(int64_t step, v1::LookupRequest* l) const;
 
   Client* const client_;
   const StepMergerOptions options_;
@@ -86,9 +114,20 @@ class StepMergerImpl {
   absl::Status round_status_ ABSL_GUARDED_BY(mu_);  // of the last completed round
   absl::Status failed_ ABSL_GUARDED_BY(mu_);        // sticky: a rank timed out
   StepMergerStats stats_ ABSL_GUARDED_BY(mu_);
+  // This round's patched rows are set (early fetch); per rank, whether its
+  // on_patched ran, and its status.
+  bool patched_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> delivered_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> delivery_status_ ABSL_GUARDED_BY(mu_);
+  uint64_t patched_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time patch_start_ ABSL_GUARDED_BY(mu_);
   // Leader-only state (one leader at a time): each fetched step's merged
   // keys and maps, kept until the step's push.
   std::map<int64_t, std::unique_ptr<MergedStep>> steps_;
+  // Early fetch at s = 0 (null: off), created at the first Join; the
+  // node's pushes applied up to this step.
+  std::unique_ptr<EarlyFetch> early_;
+  int64_t applied_upto_ = -1;
   // Leader-only scratch, reused by every round so that a round allocates
   // nothing once warm: the deduplicator of the ranks' keys and, per table,
   // the address of each merged key's gradient sum in the push requests and

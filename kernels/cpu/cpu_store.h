@@ -52,6 +52,7 @@ class CpuStore final : public EmbeddingStore {
 
   static absl::StatusOr<std::unique_ptr<CpuStore>> Create(const TableConfig& config);
   ~CpuStore() override;
+  bool CanPeek() const override { return true; }
 
   void Reserve(uint64_t rows) override;
   void SetTtlTime(uint32_t now) override;
@@ -69,6 +70,7 @@ class CpuStore final : public EmbeddingStore {
                                                 DType grad_dtype,
                                                 const GradientRows& grads) override;
   absl::StatusOr<size_t> EraseImpl(absl::Span<const uint64_t> keys) override;
+  absl::Status PeekImpl(absl::Span<const uint64_t> keys, const PeekedRows& out) override;
   absl::Status ExportImpl(ExportCursor* cursor, size_t max_rows, ExportedRows* out) override;
   absl::Status ImportImpl(const ExportedRows& rows) override;
   absl::Status SnapshotImpl(SnapshotKind kind, ExportCursor* cursor, size_t max_rows,

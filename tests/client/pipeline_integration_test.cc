@@ -839,11 +839,12 @@ TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndT
   for (const PipelineStats& p : run.stats) rank_keys += p.unique_keys;
   EXPECT_EQ(st.rank_keys, rank_keys);
   EXPECT_GT(st.rank_keys, st.merged_keys);  // the ranks share keys
-  // One exchange per node step: the first fetch alone, then each push with
-  // the next step's fetch, then the last push alone at Close; at most one
-  // RPC per shard each (no retries here).
+  // One exchange per node step: the first two fetches alone (with early
+  // fetch, the default at s = 0, step 1's goes before push 0), then each
+  // push with the fetch of the step after next, then the last two pushes
+  // alone; at most one RPC per shard each (no retries here).
   EXPECT_EQ(st.fetch_rounds, kNodeSteps);
-  EXPECT_EQ(st.rounds, kNodeSteps + 1);
+  EXPECT_EQ(st.rounds, kNodeSteps + 2);
   EXPECT_LE(run.node_rpcs, static_cast<uint64_t>(st.rounds) * 2);
   // The node is one SSP worker: its clock reached the last step on every shard.
   auto infos = client_->ShardInfos();

@@ -59,6 +59,45 @@ TEST(StepSchedulerTest, CallsOutOfOrderAreRefusedSayingExpectedAndReceived) {
   EXPECT_EQ(s.next_push(), 0);
 }
 
+TEST(StepSchedulerTest, EarlyFetchAtStalenessZeroSendsAFetchOnceThePushTwoStepsBackIsApplied) {
+  for (bool early : {false, true}) {
+    StepScheduler::Options o;
+    o.staleness = 0;
+    o.depth = 1;
+    o.pairing = Pairing::kCallOrder;
+    o.early_fetch = early;
+    StepScheduler s(o);
+    Prefetch(s, 0);
+    const StepScheduler::Exchange first = Send(s);
+    EXPECT_EQ(first.fetch, 0);
+    EXPECT_FALSE(first.push);
+    // Step 1 while step 0 computes: only early fetch sends it now (rows as
+    // of step -1, brought forward through push 0 on the trainer).
+    Prefetch(s, 1);
+    StepScheduler::Decision d = s.Next(kT0, false, false);
+    if (!early) {
+      EXPECT_EQ(d.kind, Kind::kWait) << "plain s = 0 waits for push 0";
+      continue;
+    }
+    ASSERT_EQ(d.kind, Kind::kSend);
+    EXPECT_EQ(d.exchange.fetch, 1);
+    EXPECT_FALSE(d.exchange.push);
+    // Step 2 needs push 0 applied: it goes with it.
+    WaitAndPush(s, 0);
+    Prefetch(s, 2);
+    const StepScheduler::Exchange e = Send(s);
+    EXPECT_EQ(e.push, 0);
+    EXPECT_EQ(e.fetch, 2);
+    s.OnSent(e, /*ok=*/true);
+    // Steady state: push t - 1 with the fetch of t + 1.
+    WaitAndPush(s, 1);
+    Prefetch(s, 3);
+    const StepScheduler::Exchange next = Send(s);
+    EXPECT_EQ(next.push, 1);
+    EXPECT_EQ(next.fetch, 3);
+  }
+}
+
 TEST(StepSchedulerTest, HoldPairsAPushWithTheNextFetchOrSendsItAloneAfterTheHold) {
   StepScheduler s = Make(Pairing::kHold);
   Prefetch(s, 0);

@@ -41,7 +41,7 @@ inline std::vector<v1::TableConfig> EveryOptimizerAndDtype(uint32_t dim) {
   std::vector<v1::TableConfig> out;
   const std::pair<const char*, v1::DType> dtypes[] = {
       {"fp32", v1::DTYPE_FP32}, {"fp16", v1::DTYPE_FP16}, {"bf16", v1::DTYPE_BF16}};
-  for (const std::string opt : {"sgd", "adagrad", "adam", "ftrl"}) {
+  for (const std::string opt : {"sgd", "adagrad", "adam", "ftrl", "rmsprop"}) {
     for (const auto& [dname, dtype] : dtypes) {
       v1::TableConfig c;
       c.set_name(opt + "_" + dname);
@@ -54,6 +54,7 @@ inline std::vector<v1::TableConfig> EveryOptimizerAndDtype(uint32_t dim) {
       if (opt == "sgd") o->mutable_sgd()->set_learning_rate(0.05f);
       if (opt == "adagrad") o->mutable_adagrad()->set_learning_rate(0.05f);
       if (opt == "adam") o->mutable_adam()->set_learning_rate(0.01f);
+      if (opt == "rmsprop") o->mutable_rmsprop()->set_learning_rate(0.01f);
       if (opt == "ftrl") {
         o->mutable_ftrl()->set_learning_rate(0.05f);
         o->mutable_ftrl()->set_l1(0.001f);

@@ -55,6 +55,11 @@ struct StepMergerOptions {
   // rows) pooling from the answers cost 4-5% more CPU per step than the
   // copy; at dim 128 it saved 10% of the trainer's (docs/design.md).
   size_t copy_rows_below_bytes = 64;
+  // At staleness 0: fetch the node's step t + 1 while step t computes and
+  // bring it forward through step t's merged push (PipelineOptions::
+  // early_fetch says when it applies); the pipelines then get their rows
+  // before the merged exchange of push t returns.
+  bool early_fetch = true;
 };
 
 // Totals of a merger since creation (merged steps are rounds with a fetch).

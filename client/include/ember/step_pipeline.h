@@ -75,6 +75,15 @@ struct PipelineOptions {
   int staleness = 0;
   // Steps fetched ahead of the one computing; -1: max(1, staleness).
   int prefetch_depth = -1;
+  // At staleness 0: fetch step t + 1's rows while step t computes and bring
+  // them forward through step t's push on the trainer, with the shard's own
+  // optimizer code, so that Wait(t + 1) gets exactly the rows of a lookup
+  // after the push without waiting for one (docs/client.md, "Early fetch at
+  // s = 0"). A step whose rows others may change (another SSP worker, a
+  // table with a capacity, TTL or admission, a store that cannot peek) is
+  // fetched after the push instead. Not with node_transport (ignored);
+  // with a merger, the merger's option decides.
+  bool early_fetch = true;
   int64_t first_step = 0;
   // -1: rows are pooled on the host (Wait / Push). N >= 0: on CUDA device N
   // (WaitOnDevice / PushFromDevice); FAILED_PRECONDITION at Create when the
@@ -139,6 +148,15 @@ struct PipelineStats {
   uint64_t bytes_sent = 0;     // request payload (keys and gradients)
   uint64_t bytes_received = 0; // response rows
   uint64_t exchange_bytes = 0; // sent and received between the node's ranks
+  // Early fetch at s = 0 (PipelineOptions::early_fetch): steps whose rows
+  // were brought forward on the trainer, the rows that took (rows of the
+  // step that the step before pushed), the bytes of the early fetches'
+  // answers (rows, optimizer state), and steps fetched after the push
+  // instead (someone else could change their rows).
+  uint64_t steps_patched = 0;
+  uint64_t rows_patched = 0;
+  uint64_t patch_bytes = 0;
+  uint64_t steps_refetched = 0;
 };
 
 class StepPipeline {

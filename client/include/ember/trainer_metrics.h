@@ -17,6 +17,12 @@
 //   ember_trainer_unique_key_ratio{worker}       the last step's unique / keys
 //   ember_trainer_step_bytes{worker}             the last pushed step's bytes
 //   ember_trainer_rpc_duration_seconds{shard,rpc} per attempt, retries included
+//   ember_trainer_early_fetch_steps_total{worker,outcome} s = 0 steps fetched
+//                                                early: "patched" on the
+//                                                trainer or "refetched"
+//   ember_trainer_rows_patched_total{worker}     rows brought forward
+//   ember_trainer_patch_bytes_total{worker}      bytes of the early fetches'
+//                                                answers (rows, optimizer state)
 //   and counters of steps, keys, unique keys, bytes and RPC attempts.
 //
 // Thread safety: everything may be called from any thread. The object must
@@ -72,6 +78,10 @@ class TrainerMetrics {
     metrics::Counter* bytes_node_shuffle;
     metrics::Gauge* step_bytes;
     metrics::Gauge* failed;
+    metrics::Counter* steps_patched;
+    metrics::Counter* steps_refetched;
+    metrics::Counter* rows_patched;
+    metrics::Counter* patch_bytes;
   };
   Pipeline& ForWorker(uint32_t worker);
 
@@ -93,6 +103,9 @@ class TrainerMetrics {
   metrics::Family<metrics::Counter>& bytes_;
   metrics::Family<metrics::Gauge>& step_bytes_;
   metrics::Family<metrics::Gauge>& failed_;
+  metrics::Family<metrics::Counter>& early_steps_;
+  metrics::Family<metrics::Counter>& rows_patched_;
+  metrics::Family<metrics::Counter>& patch_bytes_;
   metrics::Family<metrics::Histogram>& rpc_duration_;
   metrics::Family<metrics::Counter>& rpc_attempts_;
 

@@ -1,0 +1,106 @@
+// EarlyFetch: a synchronous (s = 0) step's rows fetched while the step
+// before it computes, then brought forward exactly. docs/client.md
+// ("Early fetch at s = 0") states the rule and why it is exact.
+//
+// At s = 0 step t + 1 must see every push of step t, which exists only once
+// step t's backward is done. So the pipeline (or the node's StepMerger)
+// peeks at step t + 1's rows while step t computes (ExchangeRequest.peek:
+// rows as of step t - 1 with their optimizer state, no effect on the
+// shard), and once step t's gradients are known it applies them to the
+// rows both steps share with the shard's own code (opt::StepStoredRow) on
+// the same inputs: the bits the shard computes when the push arrives. The
+// lookup of step t + 1 still travels after the push, with omit_rows, so the
+// shard sees the calls of plain s = 0 in the same order.
+//
+// That is exact only while nothing but this worker's own pushes changes the
+// rows. A peeked step is patched only if every shard said every table is
+// replayable (no capacity limit, TTL or admission; a store that can peek)
+// and no other SSP worker is registered; otherwise (Patchable() false) the
+// caller fetches it after the push, as without early fetch.
+//
+// Memory: host. Not thread-safe: one network thread (a pipeline's, or the
+// merger's leader) uses it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/dedup.h"
+#include "client/request_plan.h"
+#include "common/dtype.h"
+#include "ember/client.h"
+#include "ember/exchange_answer.h"
+#include "kernels/table_config.h"
+
+namespace ember {
+
+class EarlyFetch {
+ public:
+  // How the shards hold one table: what a row update needs.
+  struct Table {
+    uint32_t dim = 0;
+    DType storage = DType::kFp32;
+    OptimizerConfig optimizer;
+  };
+  // The tables `names`, as the cluster's ListTables describes them.
+  static absl::StatusOr<std::vector<Table>> Describe(Client& client,
+                                                     const std::vector<std::string>& names);
+
+  explicit EarlyFetch(std::vector<Table> tables);
+  ~EarlyFetch();
+
+  // Adds a peek of step `step` to each shard's request: the keys `plan`
+  // routes (rows as of step - 2, which the SSP clock waits for).
+  void FillPeek(const RequestPlan& plan, int64_t step, uint32_t worker_id,
+                std::vector<v1::ExchangeRequest>* requests) const;
+
+  // The answers to FillPeek's requests: step `step`'s keys (per table,
+  // unique, routed by `plan`) and `previous`, the keys of step - 1 whose
+  // push will patch them (per table, unique, in the order of that push's
+  // gradients). Both are read now only. INTERNAL if an answer's shape is
+  // not the one asked for.
+  absl::Status Receive(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
+                       const RequestPlan& plan, const std::vector<ExchangeAnswer>& answers,
+                       const std::vector<std::vector<uint64_t>>& previous);
+
+  // The peeked step waiting for its patch, if any.
+  std::optional<int64_t> pending() const;
+  // Whether the pending step's rows can be brought forward (see above).
+  bool Patchable() const;
+  // Brings the pending step's rows forward through the push of the step
+  // before: grads[tb] holds previous[tb].size() x dim fp32 (the gradient
+  // rows exactly as pushed). Returns, per table, its rows (keys[tb].size()
+  // x dim fp32) valid until the next Patch, and ends the pending step.
+  // FAILED_PRECONDITION if nothing is pending or it is not Patchable.
+  absl::StatusOr<std::vector<const float*>> Patch(const std::vector<const float*>& grads);
+  // Patch with each gradient row by address: grad_at[tb][k] is key k's
+  // (a StepMerger's sums, in its push requests).
+  absl::StatusOr<std::vector<const float*>> Patch(const std::vector<std::vector<float*>>& grad_at);
+  // Ends the pending step unpatched (its rows come after the push instead).
+  void Drop();
+
+  // Of the last Patch: rows brought forward (keys both steps share), and
+  // the bytes the peek received (rows, optimizer state, step counts).
+  uint64_t rows_patched() const { return rows_patched_; }
+  uint64_t peek_bytes() const { return peek_bytes_; }
+
+ private:
+  struct Peeked;
+  // Patch's work; grad(tb, k) is the address of key k's gradient row.
+  template <typename GradOf>
+  absl::StatusOr<std::vector<const float*>> PatchWith(GradOf grad);
+  const std::vector<Table> tables_;
+  std::unique_ptr<Peeked> peeked_;   // pending
+  std::unique_ptr<Peeked> patched_;  // the last patched: its rows are in use
+  std::unique_ptr<Peeked> spare_;    // memory for the next Receive
+  KeyDeduplicator dedup_;
+  uint64_t rows_patched_ = 0;
+  uint64_t peek_bytes_ = 0;
+};
+
+}  // namespace ember

@@ -1,0 +1,92 @@
+// Shard::Peek: the early fetch of a synchronous trainer (ExchangeRequest.peek).
+// Rows and their optimizer state are read without any effect on the
+// tables, so that a trainer may read step t + 1's rows while step t
+// computes and the shard still sees exactly the calls of plain s = 0 (the
+// lookup's effects come later, with omit_rows). docs/client.md has the rule.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/uninitialized_resize.h"
+#include "server/message_bounds.h"
+#include "server/shard.h"
+
+namespace ember {
+
+namespace {
+
+// A table whose rows change only by pushes, which a trainer can therefore
+// bring forward itself: no capacity limit (no eviction, no insert
+// failures), no TTL, no admission; and a store that can peek.
+bool Replayable(const EmbeddingStore& store) {
+  const TableConfig& c = store.config();
+  return store.CanPeek() && c.capacity == 0 && !c.ttl.enabled() && !c.admission.enabled();
+}
+
+template <typename T>
+absl::Span<T> SpanOf(std::string* bytes, size_t n) {
+  ResizeUninitialized(bytes, n * sizeof(T));
+  return absl::MakeSpan(reinterpret_cast<T*>(bytes->data()), n);
+}
+
+}  // namespace
+
+absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* response,
+                         absl::Time deadline, uint64_t reserved_bytes) {
+  if (request.has_step() && request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peek field 'step': expected >= 0, received ", request.step()));
+  }
+  uint64_t total_keys = 0;
+  for (const v1::TableLookup& t : request.tables()) total_keys += t.keys().size() / 8;
+  EMBER_RETURN_IF_ERROR(CheckKeyCount(total_keys));
+  std::vector<Resolved> resolved;
+  resolved.reserve(request.tables_size());
+  uint64_t response_bytes = reserved_bytes;
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::TableLookup& t = request.tables(i);
+    EMBER_RETURN_IF_ERROR(Resolve("Peek", absl::StrCat("peek.tables[", i, "]"), t.table(),
+                                  t.keys(), v1::DTYPE_FP32, &resolved));
+    const Resolved& r = resolved.back();
+    const uint64_t n = r.keys.size();
+    const TableConfig& c = r.table->store->config();
+    const uint64_t state = c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind);
+    const uint64_t steps = OptimizerHasStepCount(c.optimizer.kind) ? n : 0;
+    response_bytes += TableRowsBound(t.table(), {n * c.dim * 4, n * state * 4, steps * 4, n},
+                                     /*varints=*/4);
+  }
+  if (response_bytes > options_.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "peek answer would be up to ", response_bytes,
+        " bytes (rows, optimizer state and framing), limit max_message_bytes is ",
+        options_.max_message_bytes));
+  }
+  EMBER_RETURN_IF_ERROR(WaitForClock(request, "peek", deadline));
+
+  uint32_t others = 0;
+  for (const auto& [worker, progress] : clock_.Workers()) others += worker != request.worker_id();
+  response->set_other_workers(others);
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const Resolved& r = resolved[i];
+    EmbeddingStore& store = *r.table->store;
+    const TableConfig& c = store.config();
+    v1::TableRows* out = response->add_tables();
+    out->set_table(request.tables(i).table());
+    out->set_dtype(v1::DTYPE_FP32);
+    out->set_dim(c.dim);
+    out->set_replayable(Replayable(store));
+    if (!out->replayable()) continue;  // the trainer fetches it after the push
+    const size_t n = r.keys.size();
+    PeekedRows rows;
+    rows.values = SpanOf<float>(out->mutable_rows(), n * c.dim);
+    rows.state = SpanOf<float>(out->mutable_state(),
+                               n * c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind));
+    rows.steps = SpanOf<uint32_t>(out->mutable_steps(),
+                                  OptimizerHasStepCount(c.optimizer.kind) ? n : 0);
+    rows.stored = SpanOf<uint8_t>(out->mutable_stored(), n);
+    EMBER_RETURN_IF_ERROR(store.Peek(r.keys, rows));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember
