@@ -260,6 +260,7 @@ int ember_pipeline_create(ember_client* client, const ember_pipeline_options* op
   pipeline_options.staleness = options->staleness;
   pipeline_options.prefetch_depth = options->prefetch_depth;
   pipeline_options.first_step = options->first_step;
+  pipeline_options.early_fetch = options->no_early_fetch == 0;
   for (size_t f = 0; f < options->num_features; ++f) {
     const ember_feature_spec& spec = options->features[f];
     if (spec.name == nullptr || spec.table == nullptr) {
@@ -486,6 +487,10 @@ void ember_pipeline_stats_get(const ember_pipeline* pipeline, ember_pipeline_sta
   out->unique_keys = stats.unique_keys;
   out->bytes_sent = stats.bytes_sent;
   out->bytes_received = stats.bytes_received;
+  out->steps_patched = stats.steps_patched;
+  out->rows_patched = stats.rows_patched;
+  out->patch_bytes = stats.patch_bytes;
+  out->steps_refetched = stats.steps_refetched;
 }
 
 int ember_pool_forward(const int64_t* offsets, size_t num_offsets, const uint32_t* inverse,

@@ -25,8 +25,6 @@ StepMergerImpl::StepMergerImpl(Client* client, StepMergerOptions options)
     : client_(client), options_(std::move(options)), dedup_(std::make_unique<KeyDeduplicator>()) {
   parts_.assign(options_.ranks, nullptr);
   joined_.assign(options_.ranks, false);
-  delivered_.assign(options_.ranks, false);
-  delivery_status_.assign(options_.ranks, absl::OkStatus());
   applied_upto_ = options_.first_step - 1;
 }
 
@@ -87,10 +85,6 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
     // RPCs have their own deadlines (and the leader writes into this part).
     const auto deadline = absl::ToChronoTime(absl::Now() + options_.timeout);
     while (generation_ == generation && failed_.ok()) {
-      if (patched_ && !delivered_[rank]) {
-        DeliverPatched(rank, part, lock);
-        continue;
-      }
       if (running_) {
         cv_.wait(lock);
         continue;
@@ -112,23 +106,15 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
       arrived_ = 0;
       cv_.notify_all();
     }
-    if (generation_ != generation) {
-      if (patched_ && !delivered_[rank]) DeliverPatched(rank, part, lock);
-      return round_status_.ok() ? delivery_status_[rank] : round_status_;
-    }
+    if (generation_ != generation) return round_status_;
     return failed_;
   }
-  // The last rank to arrive runs the round. Every rank is back in Merge, so
-  // all are done with the previous round's patched rows.
+  // The last rank to arrive runs the round.
   std::vector<Part*> parts = parts_;
   running_ = true;
-  patched_ = false;
-  delivered_.assign(options_.ranks, false);
-  delivery_status_.assign(options_.ranks, absl::OkStatus());
   lock.unlock();
-  absl::Status status = RunRound(parts, rank);
+  absl::Status status = RunRound(parts);
   lock.lock();
-  if (status.ok()) status = delivery_status_[rank];
   running_ = false;
   round_status_ = status;
   parts_.assign(options_.ranks, nullptr);
@@ -136,17 +122,6 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
   ++generation_;
   cv_.notify_all();
   return status;
-}
-
-void StepMergerImpl::DeliverPatched(int rank, Part* part, std::unique_lock<std::mutex>& lock) {
-  delivered_[rank] = true;
-  const int64_t step = *part->push_step + 1;
-  const uint64_t rows = patched_rows_;
-  const absl::Time start = patch_start_;
-  lock.unlock();
-  absl::Status status = part->on_patched(step, rows, start);
-  lock.lock();
-  delivery_status_[rank] = status;
 }
 
 absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const {
@@ -166,7 +141,7 @@ absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const 
   return absl::OkStatus();
 }
 
-absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts, int leader) {
+absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
   EMBER_RETURN_IF_ERROR(CheckInStep(parts));
   const Part& first = *parts[0];
   const size_t tables = tables_.size();
@@ -207,7 +182,7 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts, int leade
     }
     const int64_t next = *first.push_step + 1;
     if (early_ && early_->pending() == next) {
-      EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(parts, leader, next, &requests));
+      EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(parts, next, &requests));
       if (!patched) refetch = steps_.at(next).get();
     }
   }
@@ -311,8 +286,7 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts, int leade
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> StepMergerImpl::PatchNext(const std::vector<Part*>& parts, int leader,
-                                               int64_t step,
+absl::StatusOr<bool> StepMergerImpl::PatchNext(const std::vector<Part*>& parts, int64_t step,
                                                std::vector<v1::ExchangeRequest>* requests) {
   MergedStep& next = *steps_.at(step);
   const bool patched = early_->Patchable();
@@ -330,14 +304,13 @@ absl::StatusOr<bool> StepMergerImpl::PatchNext(const std::vector<Part*>& parts, 
         }
       }
     }
-    // The ranks pool their rows while this thread sends the exchange; this
-    // rank's own first, so that its trainer does not wait for the answer.
-    std::unique_lock<std::mutex> lock(mu_);
-    patched_ = true;
-    patched_rows_ = early_->rows_patched();
-    patch_start_ = start;
-    cv_.notify_all();
-    DeliverPatched(leader, parts[leader], lock);
+    // This thread delivers every rank's rows (their pipelines' network
+    // threads wait in Merge, so their sinks are free): on a few cores,
+    // pooling a rank's rows here costs less than waking its thread, and
+    // the exchange goes out once every trainer has its rows.
+    for (Part* p : parts) {
+      EMBER_RETURN_IF_ERROR(p->on_patched(step, early_->rows_patched(), start));
+    }
   } else {
     early_->Drop();
   }

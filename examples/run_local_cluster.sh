@@ -3,8 +3,11 @@
 # (127.0.0.1, ports chosen at run time), runs the reference trainer
 # (WORKLOAD.md: 4 step pipelines, then 1, 17 Zipf features, dim 8) with simulated
 # compute of 0, 1 and 5 ms, each with no embeddings, prefetch off and
-# prefetch on, prints steps/s, the exposed embedding wait per step and the
-# efficiency, and stops the cluster with SIGTERM. About two minutes.
+# prefetch on, at staleness 1 and then at staleness 0 (synchronous: plain,
+# and with the early fetch that brings the next step's rows forward
+# exactly), prints steps/s, the exposed embedding wait per step and the
+# efficiency, then the two side by side, and stops the cluster with SIGTERM.
+# About four minutes.
 #   bash examples/run_local_cluster.sh
 #   EMBER_SECONDS=10 EMBER_SHARDS=3 bash examples/run_local_cluster.sh
 set -euo pipefail
@@ -18,6 +21,34 @@ EMBER_TARGETS="ember-server ember-trainer" bash scripts/build.sh
 
 source scripts/local_cluster.sh
 start_shards "$SHARDS" --worker_threads=4
-"${EMBER_BUILD_DIR:-build}/bench/ember-trainer" --shards="$SHARD_ADDRESSES" --seconds="$SECONDS_PER_RUN" \
-  --pipelines=4,1 --dim=8 --compute_ms=0,1,5 --staleness=1
+trainer() {
+  "${EMBER_BUILD_DIR:-build}/bench/ember-trainer" --shards="$SHARD_ADDRESSES" \
+    --seconds="$SECONDS_PER_RUN" --pipelines=4,1 --dim=8 "$@"
+}
+echo "== staleness 1: the fetch of step t + 1 overlaps step t"
+trainer --compute_ms=0,1,5 --staleness=1 | tee "$CLUSTER_DIR/s1.txt"
+echo
+echo "== staleness 0 (synchronous): every step sees every earlier push"
+trainer --compute_ms=1,5 --staleness=0 | tee "$CLUSTER_DIR/s0.txt"
 stop_cluster
+
+# Efficiency (no-embedding step time / step time) of the two runs' rows,
+# side by side; the tables' columns: | pipelines | compute | mode | ... |
+# efficiency is the 9th field.
+echo
+echo "Synchronous training beside staleness 1 (efficiency, 1 = embeddings cost nothing):"
+echo "| pipelines | compute | s = 1 prefetch on | s = 0 plain | s = 0 early fetch |"
+echo "| --- | --- | --- | --- | --- |"
+awk -F'|' '
+  FNR == 1 { file++ }
+  $4 ~ /prefetch on|early fetch/ && $3 !~ /^ *0 ms/ {
+    key = $2 "|" $3; mode = $4; gsub(/^ +| +$/, "", mode)
+    eff[file, key, mode] = $9; if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+  }
+  END {
+    for (i = 1; i <= n; i++) {
+      k = order[i]
+      printf "|%s| %s | %s | %s |\n", k, eff[1, k, "prefetch on"], eff[2, k, "prefetch on"],
+             eff[2, k, "early fetch"]
+    }
+  }' "$CLUSTER_DIR/s1.txt" "$CLUSTER_DIR/s0.txt"

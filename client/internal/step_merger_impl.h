@@ -63,9 +63,9 @@ class StepMergerImpl {
     // Early fetch (StepMergerOptions::early_fetch): when the step after
     // push_step is brought forward, the merger sets patched_at (this rank's
     // rows of it by address, valid until this rank's next Merge) and calls
-    // on_patched(step, rows patched, start) on this rank's own thread while
-    // the merged exchange is out; Merge returns its error if the round's is
-    // OK.
+    // on_patched(step, rows patched, start) from the leader's thread, before
+    // the merged exchange goes out, while this rank's thread waits in Merge
+    // (so it may use what that thread owns); its error fails the round.
     std::function<absl::Status(int64_t, uint64_t, absl::Time)> on_patched;
     std::vector<std::vector<const char*>> patched_at;
     // Out: bytes of the early fetch's answer, shared evenly over the ranks.
@@ -81,17 +81,13 @@ class StepMergerImpl {
 
  private:
   struct MergedStep;
-  // The leader's work, on the parts of one round (`leader` is its rank);
-  // no lock held.
-  absl::Status RunRound(const std::vector<Part*>& parts, int leader);
+  // The leader's work, on the parts of one round; no lock held.
+  absl::Status RunRound(const std::vector<Part*>& parts);
   // Early fetch: brings the step after the round's push forward and hands
   // each rank its rows (true), or leaves it to be fetched after the push
   // (false). Adds the lookup of that step to `requests`.
-  absl::StatusOr<bool> PatchNext(const std::vector<Part*>& parts, int leader, int64_t step,
+  absl::StatusOr<bool> PatchNext(const std::vector<Part*>& parts, int64_t step,
                                  std::vector<v1::ExchangeRequest>* requests);
-  // Runs a rank's on_patched once the leader has set its rows; mu_ held
-  // on entry and exit.
-  void DeliverPatched(int rank, Part* part, std::unique_lock<std::mutex>& lock);
   absl::Status CheckInStep(const std::vector<Part*>& parts) const;
   // The consistency fields of a lookup of `step` (none when asynchronous).
   void SetClock(int64_t step, v1::LookupRequest* l) const;
@@ -114,13 +110,6 @@ class StepMergerImpl {
   absl::Status round_status_ ABSL_GUARDED_BY(mu_);  // of the last completed round
   absl::Status failed_ ABSL_GUARDED_BY(mu_);        // sticky: a rank timed out
   StepMergerStats stats_ ABSL_GUARDED_BY(mu_);
-  // This round's patched rows are set (early fetch); per rank, whether its
-  // on_patched ran, and its status.
-  bool patched_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<bool> delivered_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> delivery_status_ ABSL_GUARDED_BY(mu_);
-  uint64_t patched_rows_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time patch_start_ ABSL_GUARDED_BY(mu_);
   // Leader-only state (one leader at a time): each fetched step's merged
   // keys and maps, kept until the step's push.
   std::map<int64_t, std::unique_ptr<MergedStep>> steps_;

@@ -34,7 +34,8 @@ class Client:
 
 class StepPipeline:
     def __init__(self, client: Client, worker_id: int, features: List[Tuple[str, str, int]],
-                 staleness: int, prefetch_depth: int, first_step: int) -> None: ...
+                 staleness: int, prefetch_depth: int, first_step: int,
+                 early_fetch: bool = ...) -> None: ...
     def prefetch(self, step: int,
                  batch: Union[Sequence[FeatureEntry], Mapping[str, FeatureEntry]]) -> None: ...
     def wait(self, step: int,

@@ -140,15 +140,20 @@ class StepPipeline(_ember.StepPipeline):
 
     staleness: the SSP bound s (>= 0 registers `worker_id` on every shard; a
     lookup for step t then sees every worker's pushes up to t - s - 1);
-    negative: asynchronous. Steps are prefetched, waited and pushed in order,
-    starting at first_step. Errors raise ember.EmberError; the first failure
+    negative: asynchronous. At staleness 0, early_fetch (the default) fetches
+    step t + 1's rows while step t computes and brings them forward through
+    push t with the shard's own optimizer code: the same rows, bit for bit,
+    without waiting for a lookup after the push (docs/client.md). stats()
+    counts steps_patched and steps_refetched. Steps are prefetched, waited
+    and pushed in order, starting at first_step. Errors raise ember.EmberError; the first failure
     of background work is raised by the next wait, push or flush.
     """
 
     def __init__(self, client: Client, features: Sequence[FeatureLike], *, staleness: int = 0,
-                 worker_id: int = 0, prefetch_depth: int = -1, first_step: int = 0):
+                 worker_id: int = 0, prefetch_depth: int = -1, first_step: int = 0,
+                 early_fetch: bool = True):
         super().__init__(client, worker_id, [_feature(f) for f in features], staleness,
-                         prefetch_depth, first_step)
+                         prefetch_depth, first_step, early_fetch)
 
     def __enter__(self):
         return self

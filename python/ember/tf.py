@@ -71,18 +71,22 @@ class EmbeddingLayer(tf.keras.layers.Layer):
     client: an ember.Client; features: (name, table[, combiner]) per feature
     (ember.Feature); tables: optional table definitions to create first, each
     a dict of Client.create_table's arguments. staleness / worker_id /
-    prefetch_depth / first_step: the pipeline's (ember.StepPipeline).
+    prefetch_depth / first_step / early_fetch: the pipeline's
+    (ember.StepPipeline; early_fetch brings the next step's rows forward
+    exactly at staleness 0).
     Outputs {feature name: [batch, dim] float32}.
     """
 
     def __init__(self, client: Client, features: Sequence, *, tables: Sequence[Mapping] = (),
                  staleness: int = 0, worker_id: int = 0, prefetch_depth: int = -1,
-                 first_step: int = 0, weighted: bool = False, **kwargs):
+                 first_step: int = 0, weighted: bool = False, early_fetch: bool = True,
+                 **kwargs):
         super().__init__(**kwargs)
         for t in tables:
             client.create_table(**t)
         self._pipe = StepPipeline(client, features, staleness=staleness, worker_id=worker_id,
-                                  prefetch_depth=prefetch_depth, first_step=first_step)
+                                  prefetch_depth=prefetch_depth, first_step=first_step,
+                                  early_fetch=early_fetch)
         self._names: List[str] = list(self._pipe.feature_names)
         self._dims: List[int] = list(self._pipe.dims)
         self._handle = self._pipe._handle

@@ -195,13 +195,15 @@ class EmbeddingBagCollection(torch.nn.Module):
     client: an ember.Client; tables: EmbeddingBagConfig per table (created on
     the cluster if missing; an existing table must have the same
     definition). staleness / worker_id: the pipeline's SSP bound and worker
-    id (one per trainer replica). The module owns one ember.StepPipeline;
+    id (one per trainer replica); early_fetch: at staleness 0 (the default),
+    fetch the next step's rows while this one computes and bring them
+    forward exactly (ember.StepPipeline). The module owns one ember.StepPipeline;
     close() (or the end of a `with`) flushes and unregisters it.
     """
 
     def __init__(self, client: Client, tables: Sequence[EmbeddingBagConfig], *,
                  staleness: int = 0, worker_id: int = 0, prefetch_depth: int = -1,
-                 first_step: int = 0, create_tables: bool = True):
+                 first_step: int = 0, create_tables: bool = True, early_fetch: bool = True):
         super().__init__()
         self._client = client
         features = []
@@ -213,7 +215,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._features = features
         self._names = [f[0] for f in features]
         self._pipe = StepPipeline(client, features, staleness=staleness, worker_id=worker_id,
-                                  prefetch_depth=prefetch_depth, first_step=first_step)
+                                  prefetch_depth=prefetch_depth, first_step=first_step,
+                                  early_fetch=early_fetch)
         self._dims = list(self._pipe.dims)
         self._width = sum(self._dims)
         self._next_prefetch = first_step

@@ -171,14 +171,14 @@ class StepPipeline {
  public:
   StepPipeline(Client& client, uint32_t worker_id,
                const std::vector<std::tuple<std::string, std::string, int>>& features,
-               int staleness, int prefetch_depth, int64_t first_step) {
+               int staleness, int prefetch_depth, int64_t first_step, bool early_fetch) {
     std::vector<ember_feature_spec> specs;
     for (const auto& [name, table, combiner] : features) {
       specs.push_back({name.c_str(), table.c_str(), combiner});
       names_.push_back(name);
     }
-    ember_pipeline_options options{worker_id, specs.data(), specs.size(), staleness,
-                                   prefetch_depth, first_step};
+    ember_pipeline_options options{worker_id,      specs.data(), specs.size(), staleness,
+                                   prefetch_depth, first_step,   !early_fetch};
     CallReleased([&] { return ember_pipeline_create(client.get(), &options, &pipeline_); });
     for (size_t f = 0; f < names_.size(); ++f) dims_.push_back(ember_pipeline_dim(pipeline_, f));
   }
@@ -395,6 +395,10 @@ class StepPipeline {
     d["unique_keys"] = s.unique_keys;
     d["bytes_sent"] = s.bytes_sent;
     d["bytes_received"] = s.bytes_received;
+    d["steps_patched"] = s.steps_patched;
+    d["rows_patched"] = s.rows_patched;
+    d["patch_bytes"] = s.patch_bytes;
+    d["steps_refetched"] = s.steps_refetched;
     return d;
   }
 
@@ -555,9 +559,10 @@ PYBIND11_MODULE(_ember, m) {
 
   py::class_<StepPipeline>(m, "StepPipeline")
       .def(py::init<Client&, uint32_t, const std::vector<std::tuple<std::string, std::string, int>>&,
-                    int, int, int64_t>(),
+                    int, int, int64_t, bool>(),
            py::arg("client"), py::arg("worker_id"), py::arg("features"), py::arg("staleness"),
-           py::arg("prefetch_depth"), py::arg("first_step"), py::keep_alive<1, 2>())
+           py::arg("prefetch_depth"), py::arg("first_step"), py::arg("early_fetch") = true,
+           py::keep_alive<1, 2>())
       .def("prefetch", &StepPipeline::Prefetch, py::arg("step"), py::arg("batch"))
       .def("wait", &StepPipeline::Wait, py::arg("step"), py::arg("out") = py::none())
       .def("prefetch_jagged", &StepPipeline::PrefetchJagged, py::arg("step"), py::arg("values"),

@@ -279,3 +279,31 @@ def test_bearer_token_from_python(tmp_path):
             ember.Client(cluster.addresses, connect_timeout=1.0)
         assert err.value.code == ember.StatusCode.UNAUTHENTICATED
         assert "0123456789" not in err.value.message
+
+
+def test_early_fetch_gives_the_rows_of_plain_s0_bit_for_bit(client):
+    """s = 0 with early fetch (the default) sees exactly the rows of plain
+    s = 0, step by step, while bringing rows forward on the trainer."""
+    rng = np.random.default_rng(5)
+    steps = 60
+    batches = [csr([[int(k)] for k in rng.integers(0, 40, size=16)]) for _ in range(steps)]
+    seen, stats = {}, {}
+    for early in (False, True):
+        table = new_table(client, dim=4, lr=0.1, init={"uniform": {"min": -1, "max": 1}, "seed": 1})
+        with ember.StepPipeline(client, [("f", table)], staleness=0, worker_id=30,
+                                early_fetch=early) as pipe:
+            pipe.prefetch(0, [batches[0]])
+            seen[early] = []
+            for t in range(steps):
+                if t + 1 < steps:
+                    pipe.prefetch(t + 1, [batches[t + 1]])
+                (pooled,) = pipe.wait(t)
+                seen[early].append(pooled.copy())
+                pipe.push(t, [pooled - 0.25])
+            pipe.flush()
+            stats[early] = pipe.stats()
+    for t in range(steps):
+        assert np.array_equal(seen[False][t], seen[True][t]), f"step {t} differs"
+    assert stats[False]["steps_patched"] == 0
+    assert stats[True]["steps_patched"] > steps // 2
+    assert stats[True]["rows_patched"] > 0 and stats[True]["steps_refetched"] == 0

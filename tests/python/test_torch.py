@@ -157,6 +157,8 @@ def test_sgd_rows_equal_native_embedding_bag_over_50_steps(client):
             loss.backward()
             opt.step()
         ebc.flush()
+        # s = 0 fetched the next step's rows early and brought them forward.
+        assert ebc.pipeline.stats()["steps_patched"] > 0
     ember_rows = client.lookup_rows(table, np.arange(vocab, dtype=np.uint64))
 
     bag = torch.nn.EmbeddingBag(vocab, dim, mode="sum")

@@ -97,6 +97,9 @@ typedef struct {
   int staleness;       /* negative: asynchronous */
   int prefetch_depth;  /* -1: max(1, staleness) */
   int64_t first_step;
+  /* Nonzero: no early fetch at staleness 0 (PipelineOptions::early_fetch
+   * false); zero, the default, fetches early. */
+  int no_early_fetch;
 } ember_pipeline_options;
 
 /* One feature of one step in CSR form (ember::FeatureBatch). weights may be
@@ -164,6 +167,11 @@ typedef struct {
   uint64_t unique_keys;
   uint64_t bytes_sent;
   uint64_t bytes_received;
+  /* Early fetch at staleness 0 (ember::PipelineStats). */
+  uint64_t steps_patched;
+  uint64_t rows_patched;
+  uint64_t patch_bytes;
+  uint64_t steps_refetched;
 } ember_pipeline_stats;
 
 EMBER_C_API void ember_pipeline_stats_get(const ember_pipeline* pipeline,
