@@ -12,6 +12,7 @@
 // of the trainer, of the shards (from GetShardInfo) and of both.
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <limits>
@@ -50,6 +51,9 @@ ABSL_FLAG(int, metrics_port, -1,
           "Serve the trainer's Prometheus metrics (ember_trainer_*) on GET /metrics at this "
           "port; 0: a free one (printed); -1: off.");
 ABSL_FLAG(int, staleness, 1, "SSP staleness s (prefetch depth follows it); -1: asynchronous.");
+ABSL_FLAG(int, prefetch_depth, -1,
+          "PipelineOptions::prefetch_depth of \"prefetch on\" and \"early fetch\" (-1: the "
+          "pipeline's default).");
 ABSL_FLAG(bool, early_fetch, true,
           "At staleness 0, also run Ember with early fetch (PipelineOptions::early_fetch); "
           "\"prefetch on\" is then plain s = 0.");
@@ -125,15 +129,29 @@ struct Config {
   double seconds;
 };
 
-RunResult RunBaseline(const Config& c) {
+// No embeddings: each pipeline's thread computes, step after step. In
+// `lockstep` the threads also meet at a barrier after every step, as the
+// ranks of a synchronous (s = 0) node must: the floor of any s = 0 step
+// here, whatever the embeddings cost.
+RunResult RunBaseline(const Config& c, bool lockstep = false) {
   RunResult r;
   std::vector<std::thread> threads;
   std::atomic<int64_t> steps{0};
+  const auto start = Clock::now();
+  bool stop = false;  // written by the barrier's completion only
+  std::barrier meet(c.pipelines, [&]() noexcept {
+    stop = std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds;
+  });
   for (int p = 0; p < c.pipelines; ++p) {
     threads.emplace_back([&] {
-      const auto start = Clock::now();
       int64_t n = 0;
-      while (std::chrono::duration<double>(Clock::now() - start).count() < c.seconds) {
+      for (;;) {
+        if (lockstep) {
+          meet.arrive_and_wait();
+          if (stop) break;
+        } else if (std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds) {
+          break;
+        }
         Compute(c.compute_ms, c.busy);
         ++n;
       }
@@ -220,6 +238,7 @@ RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker
     o.features = specs;
     o.staleness = absl::GetFlag(FLAGS_staleness);
     o.early_fetch = fetch == Fetch::kEarly;
+    o.prefetch_depth = absl::GetFlag(FLAGS_prefetch_depth);
     o.merger = merger.get();
     o.merger_rank = p;
     o.trace = Timeline();
@@ -403,8 +422,11 @@ int Run() {
   if (absl::GetFlag(FLAGS_staleness) == 0 && absl::GetFlag(FLAGS_early_fetch)) {
     fetches.push_back(Fetch::kEarly);
   }
-  const int total =
-      static_cast<int>(computes.size() * pipeline_counts.size() * (1 + fetches.size()));
+  int total = 0;
+  for (int pipelines : pipeline_counts) {
+    const bool lockstep = absl::GetFlag(FLAGS_staleness) == 0 && pipelines > 1;
+    total += static_cast<int>(computes.size() * (1 + lockstep + fetches.size()));
+  }
   int done = 0;
   for (int pipelines : pipeline_counts) {
     for (double ms : computes) {
@@ -415,6 +437,12 @@ int Run() {
                   total, pipelines, ms, base_ms);
       std::fflush(stdout);
       rows.push_back({pipelines, ms, "no embeddings", base, base_ms});
+      if (absl::GetFlag(FLAGS_staleness) == 0 && pipelines > 1) {
+        RunResult lockstep = RunBaseline(c, /*lockstep=*/true);
+        std::printf("[%d/%d] %d pipelines, compute %g ms, no embeddings in lockstep: %.3f ms/step\n",
+                    ++done, total, pipelines, ms, lockstep.StepMs(pipelines));
+        rows.push_back({pipelines, ms, "no embeddings, lockstep", lockstep, base_ms});
+      }
       for (Fetch fetch : fetches) {
         RunResult r = RunEmber(client->get(), c, fetch, worker_base, specs, workload, batches);
         worker_base += 100;
@@ -464,6 +492,12 @@ int Run() {
   for (Row& row : rows) {
     RunResult& r = row.r;
     const double step_ms = r.StepMs(row.pipelines);
+    if (std::string(row.mode) == "no embeddings, lockstep") {
+      std::printf("| %d | %g ms | %s | %.0f | %.3f | - | - | %.3f | - | - | - | - | - | - |\n",
+                  row.pipelines, row.compute, row.mode, r.StepsPerSecond(), step_ms,
+                  row.baseline_ms / step_ms);
+      continue;
+    }
     if (std::string(row.mode) == "no embeddings") {
       std::printf("| %d | %g ms | %s | %.0f | %.3f | - | - | 1 | - | - | - | - | - | - |\n", row.pipelines,
                   row.compute, row.mode, r.StepsPerSecond(), step_ms);

@@ -27,6 +27,10 @@ struct PipelineStep {
   std::vector<std::vector<float>> d_pooled;  // per feature, copied by Push (host sink)
   std::unique_ptr<DeviceStep> dev;           // the step on the GPU (device sink)
   bool ready = false;  // the fetch finished (or failed: see the pipeline's error)
+  // unique and inverse are built (and, without a node shuffle, the plan):
+  // the network thread does it ahead when it has nothing else to do.
+  // Network thread only.
+  bool keyed = false;
   // For the metrics: when Prefetch queued it and when its rows were ready;
   // its ids; the bytes its fetch, push and node shuffle moved.
   absl::Time prefetched;

@@ -32,8 +32,6 @@ class StepPipeline::Impl {
     if (options_.features.empty()) {
       return absl::InvalidArgumentError("features: expected at least one feature, received 0");
     }
-    depth_ = options_.prefetch_depth >= 0 ? options_.prefetch_depth
-                                          : std::max(1, options_.staleness);
     if (options_.first_step < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("first_step: expected >= 0, received ", options_.first_step));
@@ -92,7 +90,6 @@ class StepPipeline::Impl {
     }
     StepScheduler::Options so;
     so.first_step = options_.first_step;
-    so.depth = depth_;
     so.staleness = options_.staleness;
     so.pairing = node_ ? StepScheduler::Pairing::kOneAtATime
                  : options_.merger != nullptr ? StepScheduler::Pairing::kCallOrder
@@ -107,6 +104,13 @@ class StepPipeline::Impl {
       early_ = std::make_unique<EarlyFetch>(std::move(described));
     }
     early_fetch_ = so.early_fetch;
+    // With early fetch, step t + 2 may be prefetched before step t
+    // computes: its fetch then goes out with push t the moment Push(t) is
+    // called, and its keys are deduplicated while the network is idle.
+    depth_ = options_.prefetch_depth >= 0 ? options_.prefetch_depth
+             : early_fetch_              ? 2
+                                         : std::max(1, options_.staleness);
+    so.depth = depth_;
     scheduler_.emplace(so);
     if (options_.staleness >= 0 && options_.merger == nullptr) {
       EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
@@ -319,6 +323,12 @@ class StepPipeline::Impl {
           StepScheduler::Decision d = scheduler_->Next(absl::Now(), flushers_ > 0, stopping_);
           using Kind = StepScheduler::Decision::Kind;
           if (d.kind == Kind::kWait) {
+            if (Step* ahead = StepToKey()) {  // use the idle time
+              lock.unlock();
+              KeyStep(*ahead);
+              lock.lock();
+              continue;
+            }
             cv_.wait(lock);
             continue;
           }
@@ -357,9 +367,26 @@ class StepPipeline::Impl {
     return node_ ? s.owned : s.unique;
   }
 
+  // A prefetched step whose keys are not deduplicated yet, if any.
+  Step* StepToKey() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& [step, s] : live_) {
+      if (!s->keyed) return s.get();
+    }
+    return nullptr;
+  }
+
+  // Dedup and, without a node shuffle (whose routing is a collective, in
+  // call order), the route to shards.
+  void KeyStep(Step& s) {
+    Dedup(s);
+    if (!node_) s.plan.Route(*client_, tables_, table_dim_, s.unique);
+  }
+
   // Deduplicates each table's keys over the features that use it: fills
-  // s.unique and s.inverse.
+  // s.unique and s.inverse (once).
   void Dedup(Step& s) {
+    if (s.keyed) return;
+    s.keyed = true;
     const size_t tables = tables_.size();
     s.unique.assign(tables, {});
     s.inverse.assign(feature_table_.size(), {});
@@ -378,11 +405,13 @@ class StepPipeline::Impl {
   // route to shards: fills s.unique, s.inverse, s.owned and s.plan. Returns
   // the fetched key count.
   absl::StatusOr<uint64_t> BuildLookup(Step& s) {
-    Dedup(s);
     if (node_) {
+      Dedup(s);
       EMBER_ASSIGN_OR_RETURN(s.owned, node_->RouteKeys(s.unique));
+      s.plan.Route(*client_, tables_, table_dim_, s.owned);
+    } else if (!s.keyed) {
+      KeyStep(s);
     }
-    s.plan.Route(*client_, tables_, table_dim_, Fetched(s));
     return s.plan.keys();
   }
 

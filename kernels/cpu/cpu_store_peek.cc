@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/key_hash.h"
+#include "common/prefetch.h"
 #include "kernels/cpu/cpu_store.h"
 #include "kernels/cpu/cpu_store_layout.h"
 #include "kernels/initializer_math.h"
@@ -17,31 +18,46 @@ using cpu_detail::StepOf;
 absl::Status CpuStore::PeekImpl(absl::Span<const uint64_t> keys, const PeekedRows& out) {
   const size_t slots = state_floats_ / dim_;
   const OptimizerConfig& o = config().optimizer;
-  // One key at a time under its stripe's reader lock: pushes write rows
-  // under the writer lock, so a row and its state are read whole. The
-  // early fetch runs while the trainer computes, off its critical path.
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint64_t hash = StoreHash(keys[i]);
-    const Stripe& s = stripes_[StripeOf(hash)];
-    float* values = out.values.data() + i * dim_;
-    float* state = out.state.data() + i * state_floats_;
-    uint32_t step = 0;
-    ReaderLock lock(&s.mu);
-    const uint32_t r = s.size == 0 ? kNoRow : FindRow(s, keys[i], hash);
-    if (r != kNoRow) {
-      const uint8_t* rec = Record(s, r);
-      CopyOut(rec, DType::kFp32, reinterpret_cast<uint8_t*>(values));
-      if (state_floats_ > 0) memcpy(state, rec + state_offset_, state_floats_ * sizeof(float));
-      if (has_step_) memcpy(&step, StepOf(const_cast<uint8_t*>(rec)), sizeof(step));
-    } else {
-      InitialRowOut(keys[i], DType::kFp32, reinterpret_cast<uint8_t*>(values));
-      for (size_t k = 0; k < slots; ++k) {
-        std::fill(state + k * dim_, state + (k + 1) * dim_,
-                  row::InitialState(o, static_cast<uint32_t>(k)));
+  const size_t sub = cpu_detail::SubBatchKeys(value_bytes_ + state_floats_ * sizeof(float));
+  // Keys grouped by stripe, each stripe under its reader lock once: pushes
+  // write a row and its state under the writer lock, so both are read
+  // whole. Two passes per stripe: find every row and prefetch its record,
+  // then copy, so that the records' cache misses overlap.
+  for (size_t base = 0; base < keys.size(); base += sub) {
+    const size_t count = std::min(sub, keys.size() - base);
+    Batch b;
+    GroupByStripe(keys, base, count, &b);
+    for (uint32_t si = 0; si < num_stripes_; ++si) {
+      const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
+      if (begin == end) continue;
+      const Stripe& s = stripes_[si];
+      ReaderLock lock(&s.mu);
+      for (uint32_t k = begin; k < end; ++k) {
+        Slot& slot = b.slots[k];
+        slot.row = s.size == 0 ? kNoRow : FindRow(s, keys[slot.pos], slot.hash);
+        if (slot.row != kNoRow) PrefetchSpan(Record(s, slot.row), stride_);
+      }
+      for (uint32_t k = begin; k < end; ++k) {
+        const Slot& slot = b.slots[k];
+        const size_t i = slot.pos;
+        float* values = out.values.data() + i * dim_;
+        float* state = out.state.data() + i * state_floats_;
+        out.stored[i] = slot.row != kNoRow ? 1 : 0;
+        if (slot.row != kNoRow) {
+          uint8_t* rec = Record(s, slot.row);
+          CopyOut(rec, DType::kFp32, reinterpret_cast<uint8_t*>(values));
+          if (state_floats_ > 0) memcpy(state, rec + state_offset_, state_floats_ * sizeof(float));
+          if (has_step_) out.steps[i] = *StepOf(rec);
+          continue;
+        }
+        InitialRowOut(keys[i], DType::kFp32, reinterpret_cast<uint8_t*>(values));
+        for (size_t j = 0; j < slots; ++j) {
+          std::fill(state + j * dim_, state + (j + 1) * dim_,
+                    row::InitialState(o, static_cast<uint32_t>(j)));
+        }
+        if (has_step_) out.steps[i] = 0;
       }
     }
-    out.stored[i] = r != kNoRow ? 1 : 0;
-    if (has_step_) out.steps[i] = step;
   }
   return absl::OkStatus();
 }

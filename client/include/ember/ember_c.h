@@ -95,7 +95,7 @@ typedef struct {
   const ember_feature_spec* features;
   size_t num_features;
   int staleness;       /* negative: asynchronous */
-  int prefetch_depth;  /* -1: max(1, staleness) */
+  int prefetch_depth;  /* -1: max(1, staleness), 2 with early fetch */
   int64_t first_step;
   /* Nonzero: no early fetch at staleness 0 (PipelineOptions::early_fetch
    * false); zero, the default, fetches early. */

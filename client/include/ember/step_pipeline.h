@@ -73,7 +73,9 @@ struct PipelineOptions {
   std::vector<FeatureSpec> features;
   // SSP staleness s; negative: asynchronous, no clock.
   int staleness = 0;
-  // Steps fetched ahead of the one computing; -1: max(1, staleness).
+  // Steps fetched ahead of the one computing; -1: max(1, staleness), or 2
+  // with early fetch (the fetch of t + 2 then waits, queued, for push t and
+  // leaves with it).
   int prefetch_depth = -1;
   // At staleness 0: fetch step t + 1's rows while step t computes and bring
   // them forward through step t's push on the trainer, with the shard's own
