@@ -44,24 +44,10 @@ EarlyFetch::EarlyFetch(std::vector<Table> tables) : tables_(std::move(tables)) {
 
 EarlyFetch::~EarlyFetch() = default;
 
-void EarlyFetch::FillPeek(const RequestPlan& plan, int64_t step, uint32_t worker_id,
-                          std::vector<v1::ExchangeRequest>* requests) const {
-  for (uint32_t sh = 0; sh < plan.shards(); ++sh) {
-    if (!plan.HasKeys(sh)) continue;
-    v1::LookupRequest* peek = (*requests)[sh].mutable_peek();
-    plan.FillLookup(sh, /*read_only=*/true, peek);
-    // Rows as of step - 2: the push that brings them to step - 1 is this
-    // worker's own, applied on the trainer.
-    peek->set_step(step);
-    peek->set_staleness(1);
-    peek->set_worker_id(worker_id);
-  }
-}
-
-absl::Status EarlyFetch::Receive(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
-                                 const RequestPlan& plan,
-                                 const std::vector<ExchangeAnswer>& answers,
-                                 const std::vector<std::vector<uint64_t>>& previous) {
+void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
+                          const RequestPlan& plan,
+                          const std::vector<std::vector<uint64_t>>& previous, uint32_t worker_id,
+                          std::vector<v1::ExchangeRequest>* requests) {
   std::unique_ptr<Peeked> p = spare_ ? std::move(spare_) : std::make_unique<Peeked>();
   const size_t tables = tables_.size();
   p->step = step;
@@ -71,13 +57,11 @@ absl::Status EarlyFetch::Receive(int64_t step, const std::vector<std::vector<uin
   p->steps.resize(tables);
   p->in_previous.resize(tables);
   p->previous_keys.resize(tables);
-  peek_bytes_ = 0;
   for (size_t tb = 0; tb < tables; ++tb) {
     const Table& t = tables_[tb];
     const size_t n = keys[tb].size();
-    const size_t state = t.dim * OptimizerStateFloatsPerElement(t.optimizer.kind);
     p->rows[tb].resize(n * t.dim);
-    p->state[tb].resize(n * state);
+    p->state[tb].resize(n * t.dim * OptimizerStateFloatsPerElement(t.optimizer.kind));
     p->steps[tb].assign(OptimizerHasStepCount(t.optimizer.kind) ? n : 0, 0);
     // Where each key sits in the previous step's push: the deduplicator
     // numbers previous's keys 0.. first, so an index below that count is a
@@ -89,6 +73,39 @@ absl::Status EarlyFetch::Receive(int64_t step, const std::vector<std::vector<uin
     dedup_.Add(keys[tb], &p->in_previous[tb]);
     p->previous_keys[tb] = previous[tb].size();
   }
+  for (uint32_t sh = 0; sh < plan.shards(); ++sh) {
+    if (!plan.HasKeys(sh)) continue;
+    v1::LookupRequest* peek = (*requests)[sh].mutable_peek();
+    plan.FillLookup(sh, /*read_only=*/true, peek);
+    // Rows as of step - 2: the push that brings them to step - 1 is this
+    // worker's own, applied on the trainer.
+    peek->set_step(step);
+    peek->set_staleness(1);
+    peek->set_worker_id(worker_id);
+    // Optimizer state only where the push will need it.
+    int entry = 0;
+    for (size_t tb = 0; tb < tables; ++tb) {
+      const std::vector<uint32_t>& m = plan.members(sh, tb);
+      if (m.empty()) continue;
+      std::string* with_state = peek->mutable_tables(entry++)->mutable_with_state();
+      with_state->resize(m.size());
+      for (size_t j = 0; j < m.size(); ++j) {
+        (*with_state)[j] = p->in_previous[tb][m[j]] < p->previous_keys[tb] ? 1 : 0;
+      }
+    }
+  }
+  filling_ = std::move(p);
+}
+
+absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
+                                 const std::vector<ExchangeAnswer>& answers) {
+  if (!filling_ || filling_->step != step) {
+    return absl::InternalError(absl::StrCat("EarlyFetch: answers for step ", step,
+                                            " that was not asked for"));
+  }
+  std::unique_ptr<Peeked> p = std::move(filling_);
+  const size_t tables = tables_.size();
+  peek_bytes_ = 0;
   for (uint32_t sh = 0; sh < plan.shards() && p->patchable; ++sh) {
     if (!plan.HasKeys(sh)) continue;
     const v1::LookupResponse& answer = answers[sh].message().peek();
@@ -110,23 +127,29 @@ absl::Status EarlyFetch::Receive(int64_t step, const std::vector<std::vector<uin
       const Table& t = tables_[tb];
       const size_t state = t.dim * OptimizerStateFloatsPerElement(t.optimizer.kind);
       const size_t steps = p->steps[tb].empty() ? 0 : 1;
-      if (r.rows().size() != m.size() * t.dim * 4 || r.state().size() != m.size() * state * 4 ||
-          r.steps().size() != m.size() * steps * 4) {
+      size_t shared = 0;
+      for (uint32_t u : m) shared += p->in_previous[tb][u] < p->previous_keys[tb];
+      if (r.rows().size() != m.size() * t.dim * 4 || r.state().size() != shared * state * 4 ||
+          r.steps().size() != shared * steps * 4) {
         return absl::InternalError(absl::StrCat(
-            "shard ", sh, " peek of table '", r.table(), "': expected ", m.size(),
-            " rows with state and steps, received ", r.rows().size(), ", ", r.state().size(),
+            "shard ", sh, " peek of table '", r.table(), "': expected ", m.size(), " rows and ",
+            shared, " with state and steps, received ", r.rows().size(), ", ", r.state().size(),
             " and ", r.steps().size(), " bytes"));
       }
       peek_bytes_ += r.rows().size() + r.state().size() + r.steps().size() + r.stored().size();
+      size_t c = 0;  // the next state in the answer
       for (size_t j = 0; j < m.size(); ++j) {
         memcpy(p->rows[tb].data() + size_t{m[j]} * t.dim, r.rows().data() + j * t.dim * 4,
                t.dim * 4);
-        memcpy(p->state[tb].data() + size_t{m[j]} * state, r.state().data() + j * state * 4,
+        if (p->in_previous[tb][m[j]] >= p->previous_keys[tb]) continue;
+        memcpy(p->state[tb].data() + size_t{m[j]} * state, r.state().data() + c * state * 4,
                state * 4);
-        if (steps) memcpy(&p->steps[tb][m[j]], r.steps().data() + j * 4, 4);
+        if (steps) memcpy(&p->steps[tb][m[j]], r.steps().data() + c * 4, 4);
+        ++c;
       }
     }
   }
+  if (peeked_) spare_ = std::move(peeked_);  // never patched (cannot happen in call order)
   peeked_ = std::move(p);
   return absl::OkStatus();
 }

@@ -54,19 +54,20 @@ class EarlyFetch {
   explicit EarlyFetch(std::vector<Table> tables);
   ~EarlyFetch();
 
-  // Adds a peek of step `step` to each shard's request: the keys `plan`
-  // routes (rows as of step - 2, which the SSP clock waits for).
-  void FillPeek(const RequestPlan& plan, int64_t step, uint32_t worker_id,
-                std::vector<v1::ExchangeRequest>* requests) const;
+  // Adds a peek of step `step` to each shard's request: `keys` (per table,
+  // unique) as `plan` routes them, rows as of step - 2 (which the SSP clock
+  // waits for), with the optimizer state of the keys in `previous` only:
+  // the keys of step - 1 (per table, unique, in the order of that push's
+  // gradients), whose push will patch them. Both are read now only; the
+  // plan must stay unchanged until Receive.
+  void FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
+                const RequestPlan& plan, const std::vector<std::vector<uint64_t>>& previous,
+                uint32_t worker_id, std::vector<v1::ExchangeRequest>* requests);
 
-  // The answers to FillPeek's requests: step `step`'s keys (per table,
-  // unique, routed by `plan`) and `previous`, the keys of step - 1 whose
-  // push will patch them (per table, unique, in the order of that push's
-  // gradients). Both are read now only. INTERNAL if an answer's shape is
-  // not the one asked for.
-  absl::Status Receive(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
-                       const RequestPlan& plan, const std::vector<ExchangeAnswer>& answers,
-                       const std::vector<std::vector<uint64_t>>& previous);
+  // The answers to FillPeek's requests for step `step`. INTERNAL if an
+  // answer's shape is not the one asked for.
+  absl::Status Receive(int64_t step, const RequestPlan& plan,
+                       const std::vector<ExchangeAnswer>& answers);
 
   // The peeked step waiting for its patch, if any.
   std::optional<int64_t> pending() const;
@@ -95,6 +96,7 @@ class EarlyFetch {
   template <typename GradOf>
   absl::StatusOr<std::vector<const float*>> PatchWith(GradOf grad);
   const std::vector<Table> tables_;
+  std::unique_ptr<Peeked> filling_;  // asked for, not answered yet
   std::unique_ptr<Peeked> peeked_;   // pending
   std::unique_ptr<Peeked> patched_;  // the last patched: its rows are in use
   std::unique_ptr<Peeked> spare_;    // memory for the next Receive

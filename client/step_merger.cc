@@ -208,7 +208,8 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
     // Early: a peek unless the push before the fetched step is applied by now.
     peek = early_ && first.push_step != f - 1 && applied_upto_ < f - 1;
     if (peek) {
-      early_->FillPeek(merged->plan, f, options_.worker_id, &requests);
+      early_->FillPeek(f, merged->keys, merged->plan, steps_.at(f - 1)->keys, options_.worker_id,
+                       &requests);
     } else {
       for (uint32_t sh = 0; sh < shards; ++sh) {
         if (!merged->plan.HasKeys(sh)) continue;
@@ -238,8 +239,7 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
   if (first.push_step) applied_upto_ = *first.push_step;
   uint64_t received = 0;
   if (peek) {
-    EMBER_RETURN_IF_ERROR(early_->Receive(*first.fetch_step, fetch->keys, fetch->plan, responses,
-                                          steps_.at(*first.fetch_step - 1)->keys));
+    EMBER_RETURN_IF_ERROR(early_->Receive(*first.fetch_step, fetch->plan, responses));
     for (Part* p : parts) p->peek_bytes = early_->peek_bytes() / ranks;
   }
   // The rows that came back: the fetched step's, or the refetched one's.

@@ -526,7 +526,8 @@ class StepPipeline::Impl {
       peek = early_ && !(push && push->step == fetch->step - 1) && PushedUpto() < fetch->step - 1;
       uint64_t sent = 0;
       if (peek) {
-        early_->FillPeek(fetch->plan, fetch->step, options_.worker_id, &requests);
+        early_->FillPeek(fetch->step, Fetched(*fetch), fetch->plan,
+                         Fetched(*LiveStep(fetch->step - 1)), options_.worker_id, &requests);
         for (const auto& r : requests) {
           for (const v1::TableLookup& t : r.peek().tables()) sent += t.keys().size();
         }
@@ -554,9 +555,7 @@ class StepPipeline::Impl {
       MarkReady(*refetch);
     }
     if (fetch && peek) {
-      const Step* previous = LiveStep(fetch->step - 1);
-      EMBER_RETURN_IF_ERROR(early_->Receive(fetch->step, Fetched(*fetch), fetch->plan, responses,
-                                            Fetched(*previous)));
+      EMBER_RETURN_IF_ERROR(early_->Receive(fetch->step, fetch->plan, responses));
       CountBytes(*fetch, 0, early_->peek_bytes(), 0);
       telemetry_->Peeked(early_->peek_bytes());
     } else if (fetch) {

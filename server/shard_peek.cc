@@ -3,7 +3,9 @@
 // tables, so that a trainer may read step t + 1's rows while step t
 // computes and the shard still sees exactly the calls of plain s = 0 (the
 // lookup's effects come later, with omit_rows). docs/client.md has the rule.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -52,6 +54,11 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
     const TableConfig& c = r.table->store->config();
     const uint64_t state = c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind);
     const uint64_t steps = OptimizerHasStepCount(c.optimizer.kind) ? n : 0;
+    if (!t.with_state().empty() && t.with_state().size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t.table(), "' peek.tables[", i, "] field 'with_state': expected ", n,
+          " bytes (one per key) or none, received ", t.with_state().size()));
+    }
     response_bytes += TableRowsBound(t.table(), {n * c.dim * 4, n * state * 4, steps * 4, n},
                                      /*varints=*/4);
   }
@@ -77,14 +84,40 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
     out->set_replayable(Replayable(store));
     if (!out->replayable()) continue;  // the trainer fetches it after the push
     const size_t n = r.keys.size();
+    const size_t state = c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind);
+    const bool has_steps = OptimizerHasStepCount(c.optimizer.kind);
+    const std::string& with_state = request.tables(i).with_state();
+    if (with_state.empty()) {  // every key's state, straight into the answer
+      PeekedRows rows;
+      rows.values = SpanOf<float>(out->mutable_rows(), n * c.dim);
+      rows.state = SpanOf<float>(out->mutable_state(), n * state);
+      rows.steps = SpanOf<uint32_t>(out->mutable_steps(), has_steps ? n : 0);
+      rows.stored = SpanOf<uint8_t>(out->mutable_stored(), n);
+      EMBER_RETURN_IF_ERROR(store.Peek(r.keys, rows));
+      continue;
+    }
+    // The state of the keys asked for only: peeked into scratch kept per
+    // thread, then packed.
+    thread_local std::vector<float> all_state;
+    thread_local std::vector<uint32_t> all_steps;
+    all_state.resize(n * state);
+    all_steps.resize(has_steps ? n : 0);
     PeekedRows rows;
     rows.values = SpanOf<float>(out->mutable_rows(), n * c.dim);
-    rows.state = SpanOf<float>(out->mutable_state(),
-                               n * c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind));
-    rows.steps = SpanOf<uint32_t>(out->mutable_steps(),
-                                  OptimizerHasStepCount(c.optimizer.kind) ? n : 0);
+    rows.state = absl::MakeSpan(all_state);
+    rows.steps = absl::MakeSpan(all_steps);
     rows.stored = SpanOf<uint8_t>(out->mutable_stored(), n);
     EMBER_RETURN_IF_ERROR(store.Peek(r.keys, rows));
+    size_t m = 0;
+    for (char wanted : with_state) m += wanted != 0;
+    absl::Span<float> packed_state = SpanOf<float>(out->mutable_state(), m * state);
+    absl::Span<uint32_t> packed_steps = SpanOf<uint32_t>(out->mutable_steps(), has_steps ? m : 0);
+    for (size_t j = 0, k = 0; j < n; ++j) {
+      if (with_state[j] == 0) continue;
+      std::copy_n(all_state.data() + j * state, state, packed_state.data() + k * state);
+      if (has_steps) packed_steps[k] = all_steps[j];
+      ++k;
+    }
   }
   return absl::OkStatus();
 }

@@ -352,6 +352,41 @@ TEST_F(ShardTest, TooManyKeysIsResourceExhaustedNamingTheLimit) {
               {"1200 keys", "limit", "1000"});
 }
 
+TEST_F(ShardTest, PeekAnswersRowsAndAskedStateWithoutStoringAndRefusesABadMask) {
+  v1::CreateTableResponse r;
+  ASSERT_OK(shard_.CreateTable(AdagradTable("peeked", 4), &r));
+  const std::vector<uint64_t> keys = OwnedKeys(0, 2, 3);
+  v1::ExchangeRequest ex;
+  AddLookup(ex.mutable_peek(), "peeked", keys);
+  ex.mutable_peek()->mutable_tables(0)->set_with_state(std::string("\1\0\1", 3));
+  v1::ExchangeResponse resp;
+  ASSERT_OK(shard_.Exchange(ex, &resp));
+  ASSERT_EQ(resp.peek().tables_size(), 1);
+  const v1::TableRows& t = resp.peek().tables(0);
+  EXPECT_TRUE(t.replayable());
+  EXPECT_EQ(t.rows().size(), 3u * 4 * 4);
+  EXPECT_EQ(t.state().size(), 2u * 4 * 4) << "Adagrad's accumulator of the two keys asked for";
+  EXPECT_EQ(t.stored(), std::string(3, '\0'));
+  EXPECT_EQ(resp.peek().other_workers(), 0u);
+  EXPECT_EQ(StoredRows("peeked"), 0u) << "a peek stores nothing";
+  // A capacity makes rows change without pushes: not replayable, no rows.
+  v1::TableConfig bounded = AdagradTable("bounded", 4);
+  bounded.set_capacity(100);
+  bounded.set_eviction(v1::EVICTION_POLICY_LRU);
+  ASSERT_OK(shard_.CreateTable(bounded, &r));
+  v1::ExchangeRequest ex2;
+  AddLookup(ex2.mutable_peek(), "bounded", keys);
+  v1::ExchangeResponse resp2;
+  ASSERT_OK(shard_.Exchange(ex2, &resp2));
+  EXPECT_FALSE(resp2.peek().tables(0).replayable());
+  EXPECT_TRUE(resp2.peek().tables(0).rows().empty());
+  // A mask of the wrong length changes nothing and says what it expected.
+  ex.mutable_peek()->mutable_tables(0)->set_with_state(std::string("\1", 1));
+  ExpectError(shard_.Exchange(ex, &resp), absl::StatusCode::kInvalidArgument,
+              {"'peeked'", "with_state", "expected 3 bytes", "received 1"});
+  EXPECT_EQ(StoredRows("peeked"), 0u);
+}
+
 TEST_F(ShardTest, OversizedResponseIsRefusedBeforeAnyWork) {
   v1::CreateTableResponse r;
   ASSERT_OK(shard_.CreateTable(AdagradTable("wide", 1024), &r));
