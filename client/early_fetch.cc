@@ -14,11 +14,11 @@ namespace ember {
 struct EarlyFetch::Peeked {
   int64_t step = -1;
   bool patchable = true;
-  std::vector<std::vector<float>> rows;       // [table] keys x dim
-  std::vector<std::vector<float>> state;      // [table] keys x dim x slots
-  std::vector<std::vector<uint32_t>> steps;   // [table] keys (optimizers with a step count)
+  std::vector<std::vector<float>> rows;            // [table] keys x dim
+  std::vector<std::vector<float>> state;           // [table] keys x dim x slots
+  std::vector<std::vector<uint32_t>> steps;        // [table] keys (optimizers with a step count)
   std::vector<std::vector<uint32_t>> in_previous;  // [table] key -> index in previous, or more
-  std::vector<size_t> previous_keys;          // [table]
+  std::vector<size_t> previous_keys;               // [table]
 };
 
 absl::StatusOr<std::vector<EarlyFetch::Table>> EarlyFetch::Describe(
@@ -100,8 +100,8 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
 absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
                                  const std::vector<ExchangeAnswer>& answers) {
   if (!filling_ || filling_->step != step) {
-    return absl::InternalError(absl::StrCat("EarlyFetch: answers for step ", step,
-                                            " that was not asked for"));
+    return absl::InternalError(
+        absl::StrCat("EarlyFetch: answers for step ", step, " that was not asked for"));
   }
   std::unique_ptr<Peeked> p = std::move(filling_);
   const size_t tables = tables_.size();
@@ -115,9 +115,9 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
       const std::vector<uint32_t>& m = plan.members(sh, tb);
       if (m.empty()) continue;
       if (entry >= answer.tables_size()) {
-        return absl::InternalError(absl::StrCat("shard ", sh, " peek: expected an answer for table ",
-                                                tb, ", received ", answer.tables_size(),
-                                                " tables"));
+        return absl::InternalError(absl::StrCat("shard ", sh,
+                                                " peek: expected an answer for table ", tb,
+                                                ", received ", answer.tables_size(), " tables"));
       }
       const v1::TableRows& r = answer.tables(entry++);
       if (!r.replayable()) {
@@ -131,10 +131,10 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
       for (uint32_t u : m) shared += p->in_previous[tb][u] < p->previous_keys[tb];
       if (r.rows().size() != m.size() * t.dim * 4 || r.state().size() != shared * state * 4 ||
           r.steps().size() != shared * steps * 4) {
-        return absl::InternalError(absl::StrCat(
-            "shard ", sh, " peek of table '", r.table(), "': expected ", m.size(), " rows and ",
-            shared, " with state and steps, received ", r.rows().size(), ", ", r.state().size(),
-            " and ", r.steps().size(), " bytes"));
+        return absl::InternalError(
+            absl::StrCat("shard ", sh, " peek of table '", r.table(), "': expected ", m.size(),
+                         " rows and ", shared, " with state and steps, received ", r.rows().size(),
+                         ", ", r.state().size(), " and ", r.steps().size(), " bytes"));
       }
       peek_bytes_ += r.rows().size() + r.state().size() + r.steps().size() + r.stored().size();
       size_t c = 0;  // the next state in the answer
@@ -163,8 +163,7 @@ bool EarlyFetch::Patchable() const { return peeked_ && peeked_->patchable; }
 
 absl::StatusOr<std::vector<const float*>> EarlyFetch::Patch(
     const std::vector<const float*>& grads) {
-  return PatchWith(
-      [&](size_t tb, uint32_t k) { return grads[tb] + size_t{k} * tables_[tb].dim; });
+  return PatchWith([&](size_t tb, uint32_t k) { return grads[tb] + size_t{k} * tables_[tb].dim; });
 }
 
 absl::StatusOr<std::vector<const float*>> EarlyFetch::Patch(
@@ -187,8 +186,8 @@ absl::StatusOr<std::vector<const float*>> EarlyFetch::PatchWith(GradOf grad) {
     for (size_t u = 0; u < in_previous.size(); ++u) {
       const uint32_t k = in_previous[u];
       if (k >= p.previous_keys[tb]) continue;  // not pushed: exact as peeked
-      opt::StepStoredRow(t.optimizer, t.storage, grad(tb, k),
-                         p.rows[tb].data() + u * t.dim, p.state[tb].data() + u * state,
+      opt::StepStoredRow(t.optimizer, t.storage, grad(tb, k), p.rows[tb].data() + u * t.dim,
+                         p.state[tb].data() + u * state,
                          p.steps[tb].empty() ? nullptr : &p.steps[tb][u], t.dim);
       ++rows_patched_;
     }

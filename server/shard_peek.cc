@@ -47,26 +47,26 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
   uint64_t response_bytes = reserved_bytes;
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::TableLookup& t = request.tables(i);
-    EMBER_RETURN_IF_ERROR(Resolve("Peek", absl::StrCat("peek.tables[", i, "]"), t.table(),
-                                  t.keys(), v1::DTYPE_FP32, &resolved));
+    EMBER_RETURN_IF_ERROR(Resolve("Peek", absl::StrCat("peek.tables[", i, "]"), t.table(), t.keys(),
+                                  v1::DTYPE_FP32, &resolved));
     const Resolved& r = resolved.back();
     const uint64_t n = r.keys.size();
     const TableConfig& c = r.table->store->config();
     const uint64_t state = c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind);
     const uint64_t steps = OptimizerHasStepCount(c.optimizer.kind) ? n : 0;
     if (!t.with_state().empty() && t.with_state().size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t.table(), "' peek.tables[", i, "] field 'with_state': expected ", n,
-          " bytes (one per key) or none, received ", t.with_state().size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", t.table(), "' peek.tables[", i, "] field 'with_state': expected ",
+                       n, " bytes (one per key) or none, received ", t.with_state().size()));
     }
     response_bytes += TableRowsBound(t.table(), {n * c.dim * 4, n * state * 4, steps * 4, n},
                                      /*varints=*/4);
   }
   if (response_bytes > options_.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "peek answer would be up to ", response_bytes,
-        " bytes (rows, optimizer state and framing), limit max_message_bytes is ",
-        options_.max_message_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("peek answer would be up to ", response_bytes,
+                     " bytes (rows, optimizer state and framing), limit max_message_bytes is ",
+                     options_.max_message_bytes));
   }
   EMBER_RETURN_IF_ERROR(WaitForClock(request, "peek", deadline));
 

@@ -75,8 +75,8 @@ using Seen = std::vector<std::vector<std::vector<float>>>;
 struct RunOptions {
   std::string table;
   bool early = true;
-  int ranks = 1;         // > 1: one StepMerger for the node
-  int workers = 1;       // > 1: that many independent pipelines (SSP workers)
+  int ranks = 1;    // > 1: one StepMerger for the node
+  int workers = 1;  // > 1: that many independent pipelines (SSP workers)
   uint32_t first_worker_id = 0;
   // At each Wait, check the one-hot rows against a lookup issued then
   // (bit for bit): the rows plain s = 0 would give at that moment.
@@ -123,8 +123,7 @@ class EarlyFetchTest : public ::testing::Test {
       po.early_fetch = ro.early;
       po.merger = merger.get();
       po.merger_rank = r;
-      EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> p,
-                             StepPipeline::Create(client_, po));
+      EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> p, StepPipeline::Create(client_, po));
       pipes.push_back(std::move(p));
     }
     std::vector<Seen> seen(n);
@@ -150,9 +149,8 @@ class EarlyFetchTest : public ::testing::Test {
           for (size_t i = 0; i < looked_up.size(); ++i) {
             if (absl::bit_cast<uint32_t>(looked_up[i]) != absl::bit_cast<uint32_t>(pooled[0][i])) {
               return absl::InternalError(absl::StrCat(
-                  "rank ", r, " step ", t, " key ", batch.features[0].keys[i / kDim],
-                  " element ", i % kDim, ": delivered ", pooled[0][i], ", a lookup now gives ",
-                  looked_up[i]));
+                  "rank ", r, " step ", t, " key ", batch.features[0].keys[i / kDim], " element ",
+                  i % kDim, ": delivered ", pooled[0][i], ", a lookup now gives ", looked_up[i]));
             }
           }
         }

@@ -27,8 +27,9 @@ class StorePeekTest : public StoreTestBase<Factory> {
     std::vector<uint32_t> steps(OptimizerHasStepCount(config.optimizer.kind) ? 1 : 0);
     std::vector<uint8_t> stored(1);
     const uint64_t key = 1;
-    EXPECT_EQ(store->Peek({&key, 1}, {absl::MakeSpan(values), absl::MakeSpan(state),
-                                       absl::MakeSpan(steps), absl::MakeSpan(stored)})
+    EXPECT_EQ(store
+                  ->Peek({&key, 1}, {absl::MakeSpan(values), absl::MakeSpan(state),
+                                     absl::MakeSpan(steps), absl::MakeSpan(stored)})
                   .code(),
               absl::StatusCode::kUnimplemented);
     return nullptr;
@@ -116,7 +117,8 @@ TYPED_TEST(StorePeekTest, PeekedRowsBroughtForwardOnTheTrainerAreBitIdenticalToT
   }
 }
 
-TYPED_TEST(StorePeekTest, PeekChangesNoScoreAdmissionCountOrRowAndAnswersAbsentKeysAsAnInsertWould) {
+TYPED_TEST(StorePeekTest,
+           PeekChangesNoScoreAdmissionCountOrRowAndAnswersAbsentKeysAsAnInsertWould) {
   TableConfig config = SmallTable(4, /*capacity=*/64, EvictionPolicy::kLfu);
   config.admission.min_count = 2;
   config.admission.sketch_width = 1024;
@@ -169,8 +171,8 @@ TYPED_TEST(StorePeekTest, PeekRefusesBuffersOfTheWrongSizeNamingTheField) {
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("'state': expected 16 elements, received 15"), std::string::npos)
       << bad;
-  EXPECT_OK(store->Peek(keys, {absl::MakeSpan(values), absl::MakeSpan(state),
-                               absl::MakeSpan(steps), absl::MakeSpan(stored)}));
+  EXPECT_OK(store->Peek(keys, {absl::MakeSpan(values), absl::MakeSpan(state), absl::MakeSpan(steps),
+                               absl::MakeSpan(stored)}));
 }
 
 }  // namespace
