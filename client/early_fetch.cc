@@ -142,8 +142,10 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
         memcpy(p->rows[tb].data() + size_t{m[j]} * t.dim, r.rows().data() + j * t.dim * 4,
                t.dim * 4);
         if (p->in_previous[tb][m[j]] >= p->previous_keys[tb]) continue;
-        memcpy(p->state[tb].data() + size_t{m[j]} * state, r.state().data() + c * state * 4,
-               state * 4);
+        if (state > 0) {  // (SGD has none: no null + 0 arithmetic)
+          memcpy(p->state[tb].data() + size_t{m[j]} * state, r.state().data() + c * state * 4,
+                 state * 4);
+        }
         if (steps) memcpy(&p->steps[tb][m[j]], r.steps().data() + c * 4, 4);
         ++c;
       }
@@ -187,7 +189,7 @@ absl::StatusOr<std::vector<const float*>> EarlyFetch::PatchWith(GradOf grad) {
       const uint32_t k = in_previous[u];
       if (k >= p.previous_keys[tb]) continue;  // not pushed: exact as peeked
       opt::StepStoredRow(t.optimizer, t.storage, grad(tb, k), p.rows[tb].data() + u * t.dim,
-                         p.state[tb].data() + u * state,
+                         state > 0 ? p.state[tb].data() + u * state : nullptr,
                          p.steps[tb].empty() ? nullptr : &p.steps[tb][u], t.dim);
       ++rows_patched_;
     }

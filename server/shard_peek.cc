@@ -114,7 +114,9 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
     absl::Span<uint32_t> packed_steps = SpanOf<uint32_t>(out->mutable_steps(), has_steps ? m : 0);
     for (size_t j = 0, k = 0; j < n; ++j) {
       if (with_state[j] == 0) continue;
-      std::copy_n(all_state.data() + j * state, state, packed_state.data() + k * state);
+      if (state > 0) {
+        std::copy_n(all_state.data() + j * state, state, packed_state.data() + k * state);
+      }
       if (has_steps) packed_steps[k] = all_steps[j];
       ++k;
     }

@@ -41,7 +41,7 @@ absl::Status CpuStore::PeekImpl(absl::Span<const uint64_t> keys, const PeekedRow
         const Slot& slot = b.slots[k];
         const size_t i = slot.pos;
         float* values = out.values.data() + i * dim_;
-        float* state = out.state.data() + i * state_floats_;
+        float* state = state_floats_ > 0 ? out.state.data() + i * state_floats_ : nullptr;
         out.stored[i] = slot.row != kNoRow ? 1 : 0;
         if (slot.row != kNoRow) {
           uint8_t* rec = Record(s, slot.row);

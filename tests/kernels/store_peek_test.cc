@@ -95,7 +95,7 @@ TYPED_TEST(StorePeekTest, PeekedRowsBroughtForwardOnTheTrainerAreBitIdenticalToT
         const size_t state = kDim * OptimizerStateFloatsPerElement(kind);
         for (size_t i = 0; i < keys.size(); ++i) {
           opt::StepStoredRow(config.optimizer, dtype, g.data() + i * kDim,
-                             replayed.values.data() + i * kDim, replayed.state.data() + i * state,
+                             replayed.values.data() + i * kDim, state > 0 ? replayed.state.data() + i * state : nullptr,
                              replayed.steps.empty() ? nullptr : &replayed.steps[i], kDim);
         }
         ASSERT_OK(store->ApplyGradients(keys, DType::kFp32, Bytes(g)));
@@ -108,8 +108,10 @@ TYPED_TEST(StorePeekTest, PeekedRowsBroughtForwardOnTheTrainerAreBitIdenticalToT
               << "round " << round << " key " << i / kDim << " element " << i % kDim << ": "
               << replayed.values[i] << " vs " << looked_up[i];
         }
-        ASSERT_EQ(0, memcmp(replayed.state.data(), after.state.data(),
-                            after.state.size() * sizeof(float)))
+        ASSERT_EQ(replayed.state.size(), after.state.size());
+        ASSERT_TRUE(after.state.empty() ||
+                    memcmp(replayed.state.data(), after.state.data(),
+                           after.state.size() * sizeof(float)) == 0)
             << "round " << round << ": optimizer state differs";
         ASSERT_EQ(replayed.steps, after.steps) << "round " << round;
       }
