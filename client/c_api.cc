@@ -491,6 +491,8 @@ void ember_pipeline_stats_get(const ember_pipeline* pipeline, ember_pipeline_sta
   out->rows_patched = stats.rows_patched;
   out->patch_bytes = stats.patch_bytes;
   out->steps_refetched = stats.steps_refetched;
+  out->rows_refetched = stats.rows_refetched;
+  out->keys_refetched = stats.keys_refetched;
 }
 
 int ember_pool_forward(const int64_t* offsets, size_t num_offsets, const uint32_t* inverse,

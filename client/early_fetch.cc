@@ -13,7 +13,9 @@ namespace ember {
 // counts, and where each row's key sits in the previous step's push.
 struct EarlyFetch::Peeked {
   int64_t step = -1;
-  bool patchable = true;
+  bool patchable = true;       // every table replayable, no other worker
+  std::vector<uint8_t> replayable;  // [table] on every shard that holds its keys
+  std::vector<uint64_t> write_log;  // [shard] the answer's (LookupResponse.write_log)
   std::vector<std::vector<float>> rows;            // [table] keys x dim
   std::vector<std::vector<float>> state;           // [table] keys x dim x slots
   std::vector<std::vector<uint32_t>> steps;        // [table] keys (optimizers with a step count)
@@ -52,6 +54,8 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
   const size_t tables = tables_.size();
   p->step = step;
   p->patchable = true;
+  p->replayable.assign(tables, 1);
+  p->write_log.assign(plan.shards(), 0);
   p->rows.resize(tables);
   p->state.resize(tables);
   p->steps.resize(tables);
@@ -106,12 +110,13 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
   std::unique_ptr<Peeked> p = std::move(filling_);
   const size_t tables = tables_.size();
   peek_bytes_ = 0;
-  for (uint32_t sh = 0; sh < plan.shards() && p->patchable; ++sh) {
+  for (uint32_t sh = 0; sh < plan.shards(); ++sh) {
     if (!plan.HasKeys(sh)) continue;
     const v1::LookupResponse& answer = answers[sh].message().peek();
     if (answer.other_workers() > 0) p->patchable = false;
+    p->write_log[sh] = answer.write_log();
     int entry = 0;
-    for (size_t tb = 0; tb < tables && p->patchable; ++tb) {
+    for (size_t tb = 0; tb < tables; ++tb) {
       const std::vector<uint32_t>& m = plan.members(sh, tb);
       if (m.empty()) continue;
       if (entry >= answer.tables_size()) {
@@ -120,9 +125,10 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
                                                 ", received ", answer.tables_size(), " tables"));
       }
       const v1::TableRows& r = answer.tables(entry++);
-      if (!r.replayable()) {
+      if (!r.replayable()) {  // no rows: fetched after the push
         p->patchable = false;
-        break;
+        p->replayable[tb] = 0;
+        continue;
       }
       const Table& t = tables_[tb];
       const size_t state = t.dim * OptimizerStateFloatsPerElement(t.optimizer.kind);
@@ -162,6 +168,29 @@ std::optional<int64_t> EarlyFetch::pending() const {
 }
 
 bool EarlyFetch::Patchable() const { return peeked_ && peeked_->patchable; }
+
+void EarlyFetch::AskChanged(uint32_t shard, const RequestPlan& plan,
+                            v1::LookupRequest* lookup) const {
+  if (!peeked_) return;
+  int entry = 0;
+  for (size_t tb = 0; tb < tables_.size(); ++tb) {
+    if (plan.members(shard, tb).empty()) continue;
+    v1::TableLookup* t = lookup->mutable_tables(entry++);
+    if (!peeked_->replayable[tb]) continue;
+    // The peek saw every push of the steps before step - 1.
+    t->set_changed_since(peeked_->step - 1);
+    t->set_write_log(peeked_->write_log[shard]);
+  }
+}
+
+std::vector<const float*> EarlyFetch::PeekedRows() const {
+  std::vector<const float*> rows(tables_.size(), nullptr);
+  if (!peeked_) return rows;
+  for (size_t tb = 0; tb < tables_.size(); ++tb) {
+    if (peeked_->replayable[tb]) rows[tb] = peeked_->rows[tb].data();
+  }
+  return rows;
+}
 
 absl::StatusOr<std::vector<const float*>> EarlyFetch::Patch(
     const std::vector<const float*>& grads) {

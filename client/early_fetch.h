@@ -16,7 +16,10 @@
 // rows. A peeked step is patched only if every shard said every table is
 // replayable (no capacity limit, TTL or admission; a store that can peek)
 // and no other SSP worker is registered; otherwise (Patchable() false) the
-// caller fetches it after the push, as without early fetch.
+// caller fetches it after the push, as without early fetch, but of the
+// replayable tables only the rows that pushes changed since the peek
+// (AskChanged, ChangedRowAddresses over PeekedRows): with other workers,
+// the rows any worker's push of the step before wrote.
 //
 // Memory: host. Not thread-safe: one network thread (a pipeline's, or the
 // merger's leader) uses it.
@@ -82,7 +85,16 @@ class EarlyFetch {
   // Patch with each gradient row by address: grad_at[tb][k] is key k's
   // (a StepMerger's sums, in its push requests).
   absl::StatusOr<std::vector<const float*>> Patch(const std::vector<std::vector<float*>>& grad_at);
-  // Ends the pending step unpatched (its rows come after the push instead).
+  // When the pending step is not Patchable: its lookup after the push, as
+  // RequestPlan::FillLookup wrote it for `shard` (with rows), asks each
+  // replayable table for the rows changed since the peek only
+  // (TableLookup.changed_since), to be laid over PeekedRows.
+  void AskChanged(uint32_t shard, const RequestPlan& plan, v1::LookupRequest* lookup) const;
+  // The pending step's peeked rows per table (keys x dim fp32, in the
+  // peek's key order; null for a table that is not replayable), valid until
+  // the next Receive, Patch or Drop.
+  std::vector<const float*> PeekedRows() const;
+  // Ends the pending step unpatched (its rows came after the push instead).
   void Drop();
 
   // Of the last Patch: rows brought forward (keys both steps share), and

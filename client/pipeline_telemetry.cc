@@ -136,6 +136,15 @@ void PipelineTelemetry::Refetching() {
   if (metrics_ != nullptr) metrics_->steps_refetched->Add();
 }
 
+void PipelineTelemetry::Refetched(uint64_t rows, uint64_t keys) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.rows_refetched += rows;
+    stats_.keys_refetched += keys;
+  }
+  if (metrics_ != nullptr) metrics_->rows_refetched->Add(static_cast<double>(rows));
+}
+
 void PipelineTelemetry::Peeked(uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);

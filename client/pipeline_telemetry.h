@@ -51,6 +51,8 @@ class PipelineTelemetry {
   // a peeked step fetched after the push instead; an early fetch's answer.
   void Patched(uint64_t rows);
   void Refetching();
+  // A refetched step's rows came: `rows` of its `keys` (the rest as peeked).
+  void Refetched(uint64_t rows, uint64_t keys);
   void Peeked(uint64_t bytes);
 
   PipelineStats Stats() const;

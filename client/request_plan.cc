@@ -105,6 +105,7 @@ struct FieldRows {
   const v1::LookupResponse& r;
   int tables_size() const { return r.tables_size(); }
   size_t rows_size(int i) const { return r.tables(i).rows().size(); }
+  const std::string& changed(int i) const { return r.tables(i).changed(); }
   template <typename Fn>
   void ForEachRow(int i, size_t row_bytes, Fn fn) const {
     const std::string& rows = r.tables(i).rows();
@@ -117,6 +118,7 @@ struct AnswerRows {
   const ExchangeAnswer& a;
   int tables_size() const { return a.message().lookup().tables_size(); }
   size_t rows_size(int i) const { return a.rows_size(i); }
+  const std::string& changed(int i) const { return a.message().lookup().tables(i).changed(); }
   template <typename Fn>
   void ForEachRow(int i, size_t row_bytes, Fn fn) const {
     a.ForEachRow(i, row_bytes, fn);
@@ -134,15 +136,36 @@ auto CopyRowTo(const std::vector<float*>& rows, const std::vector<uint32_t>& dim
 
 template <typename Rows, typename RowFn>
 absl::Status RequestPlan::ForEachRow(uint32_t shard, const Rows& rows, uint64_t* received,
-                                     RowFn row) const {
+                                     RowFn row, bool partial) const {
   int entry = 0;
+  std::vector<uint32_t> held;  // with a partial answer: the keys it holds rows of
   for (size_t tb = 0; tb < members_[shard].size(); ++tb) {
     const std::vector<uint32_t>& m = members_[shard][tb];
     if (m.empty()) continue;
     const size_t row_bytes = size_t{(*dims_)[tb]} * 4;
-    const size_t expected = m.size() * row_bytes;
-    const size_t got = entry < rows.tables_size() ? rows.rows_size(entry) : 0;
-    if (entry >= rows.tables_size() || got != expected) {
+    if (entry >= rows.tables_size()) {
+      return absl::InternalError(absl::StrCat(client_->ShardName(shard), " table '",
+                                              (*tables_)[tb], "' field 'rows': expected ",
+                                              m.size() * row_bytes, " bytes, received none"));
+    }
+    const std::string& changed = rows.changed(entry);
+    const std::vector<uint32_t>* keys = &m;
+    if (!changed.empty()) {
+      if (!partial || changed.size() != m.size()) {
+        return absl::InternalError(absl::StrCat(
+            client_->ShardName(shard), " table '", (*tables_)[tb], "' field 'changed': expected ",
+            partial ? absl::StrCat(m.size(), " bytes") : "none (every row asked for)",
+            ", received ", changed.size(), " bytes"));
+      }
+      held.clear();
+      for (size_t j = 0; j < m.size(); ++j) {
+        if (changed[j]) held.push_back(m[j]);
+      }
+      keys = &held;
+    }
+    const size_t expected = keys->size() * row_bytes;
+    const size_t got = rows.rows_size(entry);
+    if (got != expected) {
       return absl::InternalError(absl::StrCat(client_->ShardName(shard), " table '",
                                               (*tables_)[tb], "' field 'rows': expected ",
                                               expected, " bytes, received ", got));
@@ -153,7 +176,7 @@ absl::Status RequestPlan::ForEachRow(uint32_t shard, const Rows& rows, uint64_t*
       continue;
     }
     rows.ForEachRow(entry++, row_bytes,
-                    [&](size_t j, const char* address) { row(tb, m[j], address); });
+                    [&](size_t j, const char* address) { row(tb, (*keys)[j], address); });
   }
   return absl::OkStatus();
 }
@@ -173,6 +196,18 @@ absl::Status RequestPlan::RowAddresses(uint32_t shard, const ExchangeAnswer& res
                                        uint64_t* received) const {
   return ForEachRow(shard, AnswerRows{response}, received,
                     [&](size_t tb, uint32_t k, const char* row) { (*at)[tb][k] = row; });
+}
+
+absl::Status RequestPlan::ChangedRowAddresses(uint32_t shard, const ExchangeAnswer& response,
+                                              std::vector<std::vector<const char*>>* at,
+                                              uint64_t* received, uint64_t* rows) const {
+  return ForEachRow(
+      shard, AnswerRows{response}, received,
+      [&](size_t tb, uint32_t k, const char* row) {
+        (*at)[tb][k] = row;
+        ++*rows;
+      },
+      /*partial=*/true);
 }
 
 std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(

@@ -78,6 +78,13 @@ class RequestPlan {
   // errors as ScatterRows.
   absl::Status RowAddresses(uint32_t shard, const ExchangeAnswer& response,
                             std::vector<std::vector<const char*>>* at, uint64_t* received) const;
+  // RowAddresses of a lookup that asked for changed rows only
+  // (TableLookup.changed_since): where the answer says which keys it holds
+  // (TableRows.changed), only theirs are set and the others' entries are
+  // left as they were; otherwise every key's. Adds the rows set to *rows.
+  absl::Status ChangedRowAddresses(uint32_t shard, const ExchangeAnswer& response,
+                                   std::vector<std::vector<const char*>>* at, uint64_t* received,
+                                   uint64_t* rows) const;
 
  private:
   // Adds shard's TableGradients with their keys and a gradients field of
@@ -86,9 +93,12 @@ class RequestPlan {
   uint64_t AddPush(uint32_t shard, v1::PushRequest* request, RowFn row) const;
   // Checks the shape of `rows` (a view of a lookup's answer: FieldRows or
   // AnswerRows in the .cc) as ScatterRows does, then calls
-  // row(tb, k, address) for each of its rows.
+  // row(tb, k, address) for each of its rows. With `partial`, a table's
+  // answer may hold the rows of some keys only (TableRows.changed);
+  // without, such an answer is INTERNAL.
   template <typename Rows, typename RowFn>
-  absl::Status ForEachRow(uint32_t shard, const Rows& rows, uint64_t* received, RowFn row) const;
+  absl::Status ForEachRow(uint32_t shard, const Rows& rows, uint64_t* received, RowFn row,
+                          bool partial = false) const;
 
   const Client* client_ = nullptr;
   const std::vector<std::string>* tables_ = nullptr;

@@ -1,6 +1,7 @@
 #include "client/internal/step_merger_impl.h"
 
 #include <cstring>
+#include <thread>
 
 
 #include "absl/strings/str_cat.h"
@@ -86,7 +87,7 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
     const auto deadline = absl::ToChronoTime(absl::Now() + options_.timeout);
     while (generation_ == generation && failed_.ok()) {
       if (running_) {
-        cv_.wait(lock);
+        if (!DeliverShare(rank, lock)) cv_.wait(lock);
         continue;
       }
       if (cv_.wait_until(lock, deadline) == std::cv_status::no_timeout || running_ ||
@@ -113,7 +114,7 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
   std::vector<Part*> parts = parts_;
   running_ = true;
   lock.unlock();
-  absl::Status status = RunRound(parts);
+  absl::Status status = RunRound(rank, parts);
   lock.lock();
   running_ = false;
   round_status_ = status;
@@ -141,33 +142,31 @@ absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const 
   return absl::OkStatus();
 }
 
-absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
+absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& parts) {
   EMBER_RETURN_IF_ERROR(CheckInStep(parts));
   const Part& first = *parts[0];
   const size_t tables = tables_.size();
   const uint32_t shards = client_->shard_count();
   const int ranks = options_.ranks;
-  std::vector<v1::ExchangeRequest> requests(shards);
+  // The push's requests with the places of its gradient sums: prepared by
+  // the round before (off the critical path) when it knew this push's step.
+  std::vector<v1::ExchangeRequest> requests;
   uint64_t sent = 0;
+  if (first.push_step && prepared_push_ == *first.push_step) {
+    requests = std::move(prepared_);
+    sent = prepared_bytes_;
+  } else {
+    requests.assign(shards, v1::ExchangeRequest());
+    if (first.push_step) {
+      EMBER_ASSIGN_OR_RETURN(sent, PreparePush(*first.push_step, &requests));
+    }
+  }
+  prepared_push_.reset();
 
   MergedStep* refetch = nullptr;  // the step after the push, fetched after it
+  std::vector<const float*> peeked;  // its early-fetched rows
   if (first.push_step) {
-    auto it = steps_.find(*first.push_step);
-    if (it == steps_.end()) {
-      return absl::InternalError(
-          absl::StrCat("StepMerger: push of step ", *first.push_step, " that was never fetched"));
-    }
-    MergedStep& m = *it->second;
-    // Each key's gradients summed over the ranks, in rank order, straight
-    // into the push requests.
-    sum_at_.resize(tables);
-    for (size_t tb = 0; tb < tables; ++tb) sum_at_[tb].resize(m.keys[tb].size());
-    for (uint32_t sh = 0; sh < shards; ++sh) {
-      v1::PushRequest* p = requests[sh].mutable_push();
-      p->set_worker_id(options_.worker_id);
-      p->set_step(*first.push_step);
-      sent += m.plan.FillPushInPlace(sh, p, &sum_at_);
-    }
+    MergedStep& m = *steps_.at(*first.push_step);
     // Every merged key is some rank's, so its first rank writes its row
     // and the later ones add to it: nothing is zeroed first.
     for (size_t tb = 0; tb < tables; ++tb) {
@@ -182,8 +181,13 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
     }
     const int64_t next = *first.push_step + 1;
     if (early_ && early_->pending() == next) {
-      EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(parts, next, &requests));
-      if (!patched) refetch = steps_.at(next).get();
+      EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(leader, parts, next, &requests));
+      if (!patched) {
+        refetch = steps_.at(next).get();
+        // Kept until the ranks have their rows (the next round's peek
+        // reuses the memory).
+        peeked = early_->PeekedRows();
+      }
     }
   }
 
@@ -250,15 +254,29 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
     // arrived in the answers, or, below copy_rows_below_bytes, in a block
     // of the rank's own. Each rank pools from there.
     row_at_.resize(tables);
-    for (size_t tb = 0; tb < tables; ++tb) row_at_[tb].resize(with_rows->keys[tb].size());
+    for (size_t tb = 0; tb < tables; ++tb) {
+      row_at_[tb].resize(with_rows->keys[tb].size());
+      if (refetch == nullptr || peeked[tb] == nullptr) continue;
+      for (size_t k = 0; k < row_at_[tb].size(); ++k) {  // the rows not changed since
+        row_at_[tb][k] = reinterpret_cast<const char*>(peeked[tb] + k * dims_[tb]);
+      }
+    }
+    uint64_t rows = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
       if (!with_rows->plan.HasKeys(sh)) continue;
-      EMBER_RETURN_IF_ERROR(with_rows->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
+      EMBER_RETURN_IF_ERROR(
+          refetch != nullptr
+              ? with_rows->plan.ChangedRowAddresses(sh, responses[sh], &row_at_, &received, &rows)
+              : with_rows->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
     }
     rank_rows_.resize(ranks);
     for (int r = 0; r < ranks; ++r) {
       parts[r]->rows_step = step;
       parts[r]->refetched = refetch != nullptr;
+      if (refetch != nullptr) {
+        parts[r]->refetched_rows = rows;
+        parts[r]->refetched_keys = with_rows->plan.keys();
+      }
       parts[r]->rows_at.resize(tables);
       rank_rows_[r].resize(tables);
       for (size_t tb = 0; tb < tables; ++tb) {
@@ -283,46 +301,103 @@ absl::Status StepMergerImpl::RunRound(const std::vector<Part*>& parts) {
     p->bytes_sent = sent / ranks;
     p->bytes_received = (received + (peek ? early_->peek_bytes() : 0)) / ranks;
   }
+  // The next push is the oldest fetched step's: its requests now, while
+  // the trainers compute, rather than after its last rank has pushed.
+  if (!steps_.empty()) {
+    prepared_.assign(shards, v1::ExchangeRequest());
+    EMBER_ASSIGN_OR_RETURN(prepared_bytes_, PreparePush(steps_.begin()->first, &prepared_));
+    prepared_push_ = steps_.begin()->first;
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> StepMergerImpl::PatchNext(const std::vector<Part*>& parts, int64_t step,
+absl::StatusOr<uint64_t> StepMergerImpl::PreparePush(int64_t step,
+                                                     std::vector<v1::ExchangeRequest>* requests) {
+  auto it = steps_.find(step);
+  if (it == steps_.end()) {
+    return absl::InternalError(
+        absl::StrCat("StepMerger: push of step ", step, " that was never fetched"));
+  }
+  const MergedStep& m = *it->second;
+  sum_at_.resize(tables_.size());
+  for (size_t tb = 0; tb < tables_.size(); ++tb) sum_at_[tb].resize(m.keys[tb].size());
+  uint64_t bytes = 0;
+  for (uint32_t sh = 0; sh < requests->size(); ++sh) {
+    v1::PushRequest* p = (*requests)[sh].mutable_push();
+    p->set_worker_id(options_.worker_id);
+    p->set_step(step);
+    bytes += m.plan.FillPushInPlace(sh, p, &sum_at_);
+  }
+  return bytes;
+}
+
+absl::StatusOr<bool> StepMergerImpl::PatchNext(int leader, const std::vector<Part*>& parts,
+                                               int64_t step,
                                                std::vector<v1::ExchangeRequest>* requests) {
   MergedStep& next = *steps_.at(step);
   const bool patched = early_->Patchable();
   if (patched) {
     const absl::Time start = absl::Now();
-    EMBER_ASSIGN_OR_RETURN(const std::vector<const float*> rows, early_->Patch(sum_at_));
-    for (size_t r = 0; r < parts.size(); ++r) {
-      parts[r]->patched_at.resize(tables_.size());
-      for (size_t tb = 0; tb < tables_.size(); ++tb) {
-        const std::vector<uint32_t>& map = next.map[r][tb];
-        std::vector<const char*>& at = parts[r]->patched_at[tb];
-        at.resize(map.size());
-        for (size_t u = 0; u < map.size(); ++u) {
-          at[u] = reinterpret_cast<const char*>(rows[tb] + size_t{map[u]} * dims_[tb]);
-        }
-      }
+    EMBER_ASSIGN_OR_RETURN(std::vector<const float*> rows, early_->Patch(sum_at_));
+    // Each rank's rows are delivered (pooled into its pipeline) by
+    // whichever thread of the round claims it first: the leader and the
+    // ranks' threads waiting in Merge, which are woken for it. On two
+    // cores, two deliver at once; the exchange goes out once all are done.
+    std::unique_lock<std::mutex> lock(mu_);
+    delivery_ = std::make_unique<Delivery>();
+    delivery_->step = step;
+    delivery_->rows = std::move(rows);
+    delivery_->rows_patched = early_->rows_patched();
+    delivery_->start = start;
+    delivery_->next = &next;
+    delivery_->parts = parts;
+    delivery_->claimed.assign(parts.size(), false);
+    cv_.notify_all();
+    while (DeliverShare(leader, lock)) {
     }
-    // This thread delivers every rank's rows (their pipelines' network
-    // threads wait in Merge, so their sinks are free): on a few cores,
-    // pooling a rank's rows here costs less than waking its thread, and
-    // the exchange goes out once every trainer has its rows.
-    for (Part* p : parts) {
-      EMBER_RETURN_IF_ERROR(p->on_patched(step, early_->rows_patched(), start));
-    }
-  } else {
-    early_->Drop();
+    cv_.wait(lock, [&] { return delivery_->done == static_cast<int>(parts.size()); });
+    const absl::Status status = delivery_->status;
+    delivery_.reset();
+    lock.unlock();
+    EMBER_RETURN_IF_ERROR(status);
+    // The trainers just woken come first: on a busy core they would
+    // otherwise wait for this thread to build and send the exchange.
+    std::this_thread::yield();
   }
-  // The lookup's effects (or, to refetch, its rows) after the push, as plain
-  // s = 0 has them.
+  // The lookup's effects (or, to refetch, its rows changed since the peek)
+  // after the push, as plain s = 0 has them.
   for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
     if (!next.plan.HasKeys(sh)) continue;
     v1::LookupRequest* l = (*requests)[sh].mutable_lookup();
     next.plan.FillLookup(sh, /*read_only=*/false, l, /*omit_rows=*/patched);
+    if (!patched) early_->AskChanged(sh, next.plan, l);
     SetClock(step, l);
   }
   return patched;
+}
+
+bool StepMergerImpl::DeliverShare(int rank, std::unique_lock<std::mutex>& lock) {
+  if (delivery_ == nullptr || delivery_->unclaimed() == 0) return false;
+  Delivery& d = *delivery_;
+  int r = rank;
+  while (d.claimed[r]) r = (r + 1) % static_cast<int>(d.claimed.size());
+  d.claimed[r] = true;
+  lock.unlock();
+  Part& part = *d.parts[r];
+  part.patched_at.resize(tables_.size());
+  for (size_t tb = 0; tb < tables_.size(); ++tb) {
+    const std::vector<uint32_t>& map = d.next->map[r][tb];
+    std::vector<const char*>& at = part.patched_at[tb];
+    at.resize(map.size());
+    for (size_t u = 0; u < map.size(); ++u) {
+      at[u] = reinterpret_cast<const char*>(d.rows[tb] + size_t{map[u]} * dims_[tb]);
+    }
+  }
+  absl::Status status = part.on_patched(d.step, d.rows_patched, d.start);
+  lock.lock();
+  if (d.status.ok()) d.status = std::move(status);
+  if (++d.done == static_cast<int>(d.claimed.size())) cv_.notify_all();
+  return true;
 }
 
 void StepMergerImpl::SetClock(int64_t step, v1::LookupRequest* l) const {

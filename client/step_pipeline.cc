@@ -416,17 +416,33 @@ class StepPipeline::Impl {
   }
 
   // Hands the shards' rows to the sink, which pools them per feature.
-  absl::Status FinishLookup(Step& s, const std::vector<ExchangeAnswer>& responses) {
+  // `over_peek`: the lookup asked for changed rows only (EarlyFetch::
+  // AskChanged); the others are the early fetch's.
+  absl::Status FinishLookup(Step& s, const std::vector<ExchangeAnswer>& responses,
+                            bool over_peek = false) {
     const size_t tables = tables_.size();
     uint64_t received = 0;
     if (!node_) {  // by address, from where they arrived
       rows_at_.resize(tables);
       for (size_t tb = 0; tb < tables; ++tb) rows_at_[tb].resize(s.unique[tb].size());
+      if (over_peek) {
+        const std::vector<const float*> peeked = early_->PeekedRows();
+        for (size_t tb = 0; tb < tables; ++tb) {
+          if (peeked[tb] == nullptr) continue;
+          for (size_t u = 0; u < rows_at_[tb].size(); ++u) {
+            rows_at_[tb][u] = reinterpret_cast<const char*>(peeked[tb] + u * table_dim_[tb]);
+          }
+        }
+      }
+      uint64_t rows = 0;
       for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
         if (!s.plan.HasKeys(sh)) continue;
-        EMBER_RETURN_IF_ERROR(s.plan.RowAddresses(sh, responses[sh], &rows_at_, &received));
+        EMBER_RETURN_IF_ERROR(
+            over_peek ? s.plan.ChangedRowAddresses(sh, responses[sh], &rows_at_, &received, &rows)
+                      : s.plan.RowAddresses(sh, responses[sh], &rows_at_, &received));
       }
       CountBytes(s, 0, received, 0);
+      if (over_peek) telemetry_->Refetched(rows, s.plan.keys());
       return sink_->DeliverAt(s, rows_at_);
     }
     EMBER_ASSIGN_OR_RETURN(const std::vector<float*> rows, sink_->Rows(s));
@@ -511,6 +527,7 @@ class StepPipeline::Impl {
           v1::LookupRequest* r = requests[sh].mutable_lookup();
           CountBytes(*next, next->plan.FillLookup(sh, /*read_only=*/false, r,
                                                   /*omit_rows=*/refetch == nullptr), 0, 0);
+          if (refetch) early_->AskChanged(sh, next->plan, r);
           SetClock(next->step, r);
         }
       }
@@ -550,8 +567,9 @@ class StepPipeline::Impl {
     telemetry_->ExchangeSpans(start, shards, push ? &push->step : nullptr,
                               fetch ? &fetch->step : nullptr, status.ok(), calls);
     EMBER_RETURN_IF_ERROR(status);
-    if (refetch) {
-      EMBER_RETURN_IF_ERROR(FinishLookup(*refetch, responses));
+    if (refetch) {  // only the rows changed since the peek, over it
+      EMBER_RETURN_IF_ERROR(FinishLookup(*refetch, responses, /*over_peek=*/true));
+      early_->Drop();
       MarkReady(*refetch);
     }
     if (fetch && peek) {
@@ -579,7 +597,6 @@ class StepPipeline::Impl {
   // push (false).
   absl::StatusOr<bool> PatchNext(Step& next, const std::vector<const float*>& grads) {
     if (!early_->Patchable()) {
-      early_->Drop();
       telemetry_->Refetching();
       return false;
     }
@@ -594,6 +611,9 @@ class StepPipeline::Impl {
       }
     }
     EMBER_RETURN_IF_ERROR(DeliverPatched(next, rows_at_, early_->rows_patched(), start));
+    // The trainer just woken comes first: on a busy core it would otherwise
+    // wait for this thread to build and send the exchange.
+    std::this_thread::yield();
     return true;
   }
 
@@ -658,7 +678,10 @@ class StepPipeline::Impl {
       CountFetch(*fetch, unique_keys, push);
       CountBytes(*fetch, 0, part.bytes_received, 0);
     }
-    if (part.refetched) telemetry_->Refetching();
+    if (part.refetched) {
+      telemetry_->Refetching();
+      if (status.ok()) telemetry_->Refetched(part.refetched_rows, part.refetched_keys);
+    }
     if (part.peek_bytes > 0) telemetry_->Peeked(part.peek_bytes);
     EMBER_RETURN_IF_ERROR(status);
     if (part.rows_step) {  // the fetched step, or the step after the push refetched

@@ -63,6 +63,11 @@ TrainerMetrics::TrainerMetrics()
           "Bytes of the early fetches' answers (rows, optimizer state, step counts); also in "
           "ember_trainer_bytes_total received.",
           {"worker"})),
+      rows_refetched_(registry_.AddCounter(
+          "ember_trainer_rows_refetched_total",
+          "Rows of refetched s = 0 steps that came after the push: the rows pushes changed since "
+          "the early fetch (all of them where the shard could not tell).",
+          {"worker"})),
       rpc_duration_(registry_.AddHistogram("ember_trainer_rpc_duration_seconds",
                                            "Client RPC attempts to each shard, retries included.",
                                            {"shard", "rpc"})),
@@ -88,7 +93,8 @@ TrainerMetrics::Pipeline& TrainerMetrics::ForWorker(uint32_t worker) {
       &unique_keys_.With(w), &unique_ratio_.With(w), &bytes_.With({w[0], "sent"}),
       &bytes_.With({w[0], "received"}), &bytes_.With({w[0], "node_shuffle"}),
       &step_bytes_.With(w), &failed_.With(w), &early_steps_.With({w[0], "patched"}),
-      &early_steps_.With({w[0], "refetched"}), &rows_patched_.With(w), &patch_bytes_.With(w)});
+      &early_steps_.With({w[0], "refetched"}), &rows_patched_.With(w), &patch_bytes_.With(w),
+      &rows_refetched_.With(w)});
   return *p;
 }
 

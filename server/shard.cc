@@ -83,6 +83,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
   response->set_created(true);
   FillTableInfo(*table, response->mutable_table());
   tables_.emplace(table->config.name(), std::move(table));
+  written_.ForgetAll();
   return absl::OkStatus();
 }
 
@@ -95,6 +96,7 @@ absl::Status Shard::DropTable(absl::string_view name) {
   }
   dropped = std::move(it->second);
   tables_.erase(it);
+  written_.ForgetAll();
   return absl::OkStatus();
 }
 
@@ -304,10 +306,17 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
     const v1::TableLookup& t = request.tables(i);
     EMBER_RETURN_IF_ERROR(Resolve("Lookup", absl::StrCat("tables[", i, "]"), t.table(), t.keys(),
                                   t.dtype(), &resolved));
+    if (t.has_changed_since() && t.changed_since() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", t.table(), "' tables[", i,
+                       "] field 'changed_since': expected >= 0, received ", t.changed_since()));
+    }
     const Resolved& r = resolved.back();
-    response_bytes += TableRowsBound(
-        t.table(), {t.omit_rows() ? 0 : r.keys.size() * r.table->config.dim() * DTypeSize(r.dtype)},
-        /*varints=*/3);
+    const uint64_t n = r.keys.size();
+    const uint64_t rows = t.omit_rows() ? 0 : n * r.table->config.dim() * DTypeSize(r.dtype);
+    // With changed_since, fewer rows and a byte per key (`changed`).
+    response_bytes += t.has_changed_since() ? TableRowsBound(t.table(), {rows, n}, /*varints=*/3)
+                                            : TableRowsBound(t.table(), {rows}, /*varints=*/3);
   }
   if (response_bytes > options_.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -340,6 +349,9 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
       return found.status();
     }
     out->set_missing(found->missing);
+    if (request.tables(i).has_changed_since() && !request.tables(i).omit_rows()) {
+      KeepChangedRows(r, request.tables(i).changed_since(), request.tables(i).write_log(), out);
+    }
     if (r.table->series != nullptr) {
       r.table->series->lookup_requests->Add();
       r.table->series->lookup_keys->Add(static_cast<double>(r.keys.size()));
@@ -405,9 +417,42 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
     response->set_duplicate(true);
     return absl::OkStatus();
   }
+  // The write log learns of the push before the clock counts it applied.
+  if (claim == SspClock::Claim::kClaimed) {
+    for (int i = 0; i < request.tables_size(); ++i) {
+      written_.Record(request.tables(i).table(), request.step(), resolved[i].keys);
+    }
+  } else {
+    written_.ForgetAll();  // an untracked worker's push: any row may change
+  }
   absl::Status applied = Apply(request, resolved, grads, response);
-  if (claim == SspClock::Claim::kClaimed) clock_.End(request.worker_id(), request.step(), applied.ok());
+  if (claim == SspClock::Claim::kClaimed) {
+    clock_.End(request.worker_id(), request.step(), applied.ok());
+    // No worker's lookup asks about steps below its own applied one.
+    if (const int64_t oldest = clock_.MinApplied(); oldest != INT64_MAX) written_.Forget(oldest);
+  }
   return applied;
+}
+
+void Shard::KeepChangedRows(const Resolved& r, int64_t since, uint64_t token,
+                            v1::TableRows* out) const {
+  std::string changed;
+  uint64_t count = 0;
+  if (!Replayable(*r.table->store) ||
+      !written_.Changed(out->table(), since, token, r.keys, &changed, &count)) {
+    return;  // every row, as a plain lookup
+  }
+  if (count == changed.size()) return;  // every row changed: no mask needed
+  const size_t row_bytes = size_t{r.table->config.dim()} * DTypeSize(r.dtype);
+  std::string* rows = out->mutable_rows();
+  size_t kept = 0;
+  for (size_t k = 0; k < changed.size(); ++k) {
+    if (!changed[k]) continue;
+    if (kept != k) memmove(rows->data() + kept * row_bytes, rows->data() + k * row_bytes, row_bytes);
+    ++kept;
+  }
+  rows->resize(kept * row_bytes);
+  out->set_changed(std::move(changed));
 }
 
 bool Shard::MayWait(const v1::LookupRequest& lookup, const v1::PushRequest* push) const {

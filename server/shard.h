@@ -31,6 +31,7 @@
 #include "kernels/store_factory.h"
 #include "server/shard_metrics.h"
 #include "server/ssp_clock.h"
+#include "server/write_log.h"
 
 namespace ember {
 
@@ -208,6 +209,16 @@ class Shard {
   // `reserved_bytes` of the answer are taken by the rest of the message.
   absl::Status Peek(const v1::LookupRequest& request, v1::LookupResponse* response,
                     absl::Time deadline, uint64_t reserved_bytes);
+  // Whether a table's rows change only by pushes, so that a trainer may
+  // bring a peeked row forward itself (TableRows.replayable) and the write
+  // log tells which rows changed: a store that can peek, no capacity limit
+  // (no eviction, no insert failures), no TTL, no admission.
+  static bool Replayable(const EmbeddingStore& store);
+  // A lookup's changed_since and write_log (`out`: its table's answer with
+  // a row per key of `r`): keeps only the rows pushes of steps >= since
+  // wrote, and says which in out->changed, when the write log can tell.
+  void KeepChangedRows(const Resolved& r, int64_t since, uint64_t token,
+                       v1::TableRows* out) const;
   // Resolves the table name and keys of one request entry; checks the key
   // byte size, duplicates of the table in the request and key ownership.
   absl::Status Resolve(absl::string_view rpc, absl::string_view field,
@@ -236,6 +247,7 @@ class Shard {
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   SspClock clock_;
+  WriteLog written_;  // for TableLookup.changed_since
   std::mutex snapshot_mu_;           // one Snapshot at a time
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
   ShardMetrics* metrics_ = nullptr;  // set before serving; null: no metrics

@@ -17,14 +17,6 @@ namespace ember {
 
 namespace {
 
-// A table whose rows change only by pushes, which a trainer can therefore
-// bring forward itself: no capacity limit (no eviction, no insert
-// failures), no TTL, no admission; and a store that can peek.
-bool Replayable(const EmbeddingStore& store) {
-  const TableConfig& c = store.config();
-  return store.CanPeek() && c.capacity == 0 && !c.ttl.enabled() && !c.admission.enabled();
-}
-
 template <typename T>
 absl::Span<T> SpanOf(std::string* bytes, size_t n) {
   ResizeUninitialized(bytes, n * sizeof(T));
@@ -32,6 +24,11 @@ absl::Span<T> SpanOf(std::string* bytes, size_t n) {
 }
 
 }  // namespace
+
+bool Shard::Replayable(const EmbeddingStore& store) {
+  const TableConfig& c = store.config();
+  return store.CanPeek() && c.capacity == 0 && !c.ttl.enabled() && !c.admission.enabled();
+}
 
 absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* response,
                          absl::Time deadline, uint64_t reserved_bytes) {
@@ -70,6 +67,9 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
   }
   EMBER_RETURN_IF_ERROR(WaitForClock(request, "peek", deadline));
 
+  // Before any row is read: a change the log misses after this point
+  // changes the token the trainer hands back.
+  response->set_write_log(written_.token());
   uint32_t others = 0;
   for (const auto& [worker, progress] : clock_.Workers()) others += worker != request.worker_id();
   response->set_other_workers(others);

@@ -60,12 +60,17 @@ class StepMergerImpl {
     std::optional<int64_t> rows_step;
     std::vector<std::vector<const char*>> rows_at;
     bool refetched = false;
+    // Of a refetched step: the node's rows that came after the push (the
+    // rest as peeked) and its merged keys.
+    uint64_t refetched_rows = 0;
+    uint64_t refetched_keys = 0;
     // Early fetch (StepMergerOptions::early_fetch): when the step after
     // push_step is brought forward, the merger sets patched_at (this rank's
     // rows of it by address, valid until this rank's next Merge) and calls
-    // on_patched(step, rows patched, start) from the leader's thread, before
-    // the merged exchange goes out, while this rank's thread waits in Merge
-    // (so it may use what that thread owns); its error fails the round.
+    // on_patched(step, rows patched, start) once, from the thread of one of
+    // the round's ranks (any), before the merged exchange goes out, while
+    // this rank's thread waits in Merge or makes that very call (so it may
+    // use what that thread owns); its error fails the round.
     std::function<absl::Status(int64_t, uint64_t, absl::Time)> on_patched;
     std::vector<std::vector<const char*>> patched_at;
     // Out: bytes of the early fetch's answer, shared evenly over the ranks.
@@ -82,13 +87,21 @@ class StepMergerImpl {
  private:
   struct MergedStep;
   // The leader's work, on the parts of one round; no lock held.
-  absl::Status RunRound(const std::vector<Part*>& parts);
+  absl::Status RunRound(int leader, const std::vector<Part*>& parts);
   // Early fetch: brings the step after the round's push forward and hands
   // each rank its rows (true), or leaves it to be fetched after the push
   // (false). Adds the lookup of that step to `requests`.
-  absl::StatusOr<bool> PatchNext(const std::vector<Part*>& parts, int64_t step,
+  absl::StatusOr<bool> PatchNext(int leader, const std::vector<Part*>& parts, int64_t step,
                                  std::vector<v1::ExchangeRequest>* requests);
+  // Early fetch: one rank's patched rows delivered by this thread (of rank
+  // `rank`, which holds `lock` on mu_ and gets it back), its own rank's if
+  // still unclaimed, else the next unclaimed one; false if none is left.
+  bool DeliverShare(int rank, std::unique_lock<std::mutex>& lock);
   absl::Status CheckInStep(const std::vector<Part*>& parts) const;
+  // The push part of `step`'s exchange, one request per shard: keys and
+  // room for the gradient sums, whose addresses go to sum_at_. Returns
+  // the payload bytes; INTERNAL if the step was never fetched.
+  absl::StatusOr<uint64_t> PreparePush(int64_t step, std::vector<v1::ExchangeRequest>* requests);
   // The consistency fields of a lookup of `step` (none when asynchronous).
   void SetClock(int64_t step, v1::LookupRequest* l) const;
 
@@ -110,6 +123,25 @@ class StepMergerImpl {
   absl::Status round_status_ ABSL_GUARDED_BY(mu_);  // of the last completed round
   absl::Status failed_ ABSL_GUARDED_BY(mu_);        // sticky: a rank timed out
   StepMergerStats stats_ ABSL_GUARDED_BY(mu_);
+  // The patched step's rows being handed to the ranks (PatchNext); null
+  // when none is. The leader sets it up and waits until every rank's is done.
+  struct Delivery {
+    int64_t step = 0;
+    std::vector<const float*> rows;  // [table], merged key order
+    uint64_t rows_patched = 0;
+    absl::Time start;
+    const MergedStep* next = nullptr;
+    std::vector<Part*> parts;
+    std::vector<bool> claimed;  // by rank
+    int done = 0;
+    absl::Status status;  // the first failure
+    int unclaimed() const {
+      int n = 0;
+      for (bool c : claimed) n += !c;
+      return n;
+    }
+  };
+  std::unique_ptr<Delivery> delivery_ ABSL_GUARDED_BY(mu_);
   // Leader-only state (one leader at a time): each fetched step's merged
   // keys and maps, kept until the step's push.
   std::map<int64_t, std::unique_ptr<MergedStep>> steps_;
@@ -123,6 +155,11 @@ class StepMergerImpl {
   // of its row in the shards' responses.
   std::unique_ptr<KeyDeduplicator> dedup_;
   std::vector<std::vector<float*>> sum_at_;
+  // The next push's requests (PreparePush), made at the end of the round
+  // before it; sum_at_ points into them.
+  std::vector<v1::ExchangeRequest> prepared_;
+  std::optional<int64_t> prepared_push_;
+  uint64_t prepared_bytes_ = 0;
   std::vector<uint8_t> fresh_;  // per merged key of a table: no rank's row added yet
   std::vector<std::vector<const char*>> row_at_;
   // The last round's answers, which the ranks' rows_at point into: kept

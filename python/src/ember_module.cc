@@ -399,6 +399,8 @@ class StepPipeline {
     d["rows_patched"] = s.rows_patched;
     d["patch_bytes"] = s.patch_bytes;
     d["steps_refetched"] = s.steps_refetched;
+    d["rows_refetched"] = s.rows_refetched;
+    d["keys_refetched"] = s.keys_refetched;
     return d;
   }
 

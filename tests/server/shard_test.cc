@@ -387,6 +387,106 @@ TEST_F(ShardTest, PeekAnswersRowsAndAskedStateWithoutStoringAndRefusesABadMask) 
   EXPECT_EQ(StoredRows("peeked"), 0u);
 }
 
+// A synchronous trainer peeks step t + 1's rows while t computes, then asks
+// after the barrier only for the rows pushes of step t wrote since.
+TEST_F(ShardTest, LookupOfChangedRowsAnswersOnlyRowsPushedSinceThePeekOrEveryRowIfItCannotTell) {
+  v1::CreateTableResponse r;
+  ASSERT_OK(shard_.CreateTable(AdagradTable("changed", 4), &r));
+  v1::RegisterWorkerRequest reg;
+  v1::RegisterWorkerResponse registered;
+  for (uint32_t w : {1u, 2u}) {
+    reg.set_worker_id(w);
+    ASSERT_OK(shard_.RegisterWorker(reg, &registered));
+  }
+  const std::vector<uint64_t> keys = OwnedKeys(0, 2, 6);
+  auto push = [&](uint32_t worker, int64_t step, std::vector<uint64_t> pushed) {
+    v1::PushRequest p;
+    p.set_worker_id(worker);
+    p.set_step(step);
+    AddGradients(&p, "changed", pushed, std::vector<float>(pushed.size() * 4, 0.5f));
+    v1::PushResponse resp;
+    ASSERT_OK(shard_.Push(p, &resp));
+  };
+  push(1, 0, keys);
+  push(2, 0, keys);
+  // Step 2's peek: every push of step 0 is in.
+  v1::ExchangeRequest peek;
+  AddLookup(peek.mutable_peek(), "changed", keys);
+  peek.mutable_peek()->set_step(2);
+  peek.mutable_peek()->set_staleness(1);
+  peek.mutable_peek()->set_worker_id(1);
+  v1::ExchangeResponse peeked;
+  ASSERT_OK(shard_.Exchange(peek, &peeked));
+  EXPECT_EQ(peeked.peek().other_workers(), 1u);
+  const std::vector<float> before = Floats(peeked.peek().tables(0).rows());
+  // Step 1: worker 2 writes keys 0 and 3, worker 1 key 5.
+  push(2, 1, {keys[0], keys[3]});
+  push(1, 1, {keys[5]});
+  v1::LookupRequest ask;
+  AddLookup(&ask, "changed", keys);
+  ask.set_step(2);
+  ask.set_staleness(0);
+  ask.set_worker_id(1);
+  ask.mutable_tables(0)->set_changed_since(1);
+  ask.mutable_tables(0)->set_write_log(peeked.peek().write_log());
+  v1::LookupResponse changed;
+  ASSERT_OK(shard_.Lookup(ask, &changed));
+  EXPECT_EQ(changed.tables(0).changed(), std::string("\1\0\0\1\0\1", 6));
+  // The rows it holds are those of a plain lookup now; the others as peeked.
+  v1::LookupRequest plain = ask;
+  plain.mutable_tables(0)->clear_changed_since();
+  v1::LookupResponse all;
+  ASSERT_OK(shard_.Lookup(plain, &all));
+  const std::vector<float> now = Floats(all.tables(0).rows());
+  const std::vector<float> got = Floats(changed.tables(0).rows());
+  ASSERT_EQ(got.size(), 3u * 4);
+  size_t j = 0;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const bool in = changed.tables(0).changed()[k] != 0;
+    for (size_t e = 0; e < 4; ++e) {
+      if (in) {
+        EXPECT_EQ(got[j * 4 + e], now[k * 4 + e]) << k;
+      } else {
+        EXPECT_EQ(before[k * 4 + e], now[k * 4 + e]) << "key " << k << " changed unrecorded";
+      }
+    }
+    j += in;
+  }
+  // Cannot tell: a token from before an unrecorded change (a table created
+  // since), or a table whose rows change without pushes: every row.
+  ASSERT_OK(shard_.CreateTable(AdagradTable("other", 4), &r));
+  v1::LookupResponse after_create;
+  ASSERT_OK(shard_.Lookup(ask, &after_create));
+  EXPECT_TRUE(after_create.tables(0).changed().empty());
+  EXPECT_EQ(after_create.tables(0).rows().size(), keys.size() * 4 * 4);
+  v1::ExchangeResponse peeked_again;
+  ASSERT_OK(shard_.Exchange(peek, &peeked_again));
+  push(9, 5, {keys[1]});  // a worker the clock does not track: not recorded
+  ask.mutable_tables(0)->set_write_log(peeked_again.peek().write_log());
+  v1::LookupResponse after_untracked;
+  ASSERT_OK(shard_.Lookup(ask, &after_untracked));
+  EXPECT_TRUE(after_untracked.tables(0).changed().empty());
+  EXPECT_EQ(after_untracked.tables(0).rows().size(), keys.size() * 4 * 4);
+  v1::TableConfig bounded = AdagradTable("bounded", 4);
+  bounded.set_capacity(100);
+  bounded.set_eviction(v1::EVICTION_POLICY_LRU);
+  ASSERT_OK(shard_.CreateTable(bounded, &r));
+  v1::LookupRequest ask_bounded;
+  AddLookup(&ask_bounded, "bounded", keys);
+  ask_bounded.mutable_tables(0)->set_changed_since(0);
+  v1::LookupResponse bounded_rows;
+  ASSERT_OK(shard_.Lookup(ask_bounded, &bounded_rows));
+  EXPECT_TRUE(bounded_rows.tables(0).changed().empty());
+  EXPECT_EQ(bounded_rows.tables(0).rows().size(), keys.size() * 4 * 4);
+  // A negative step changes nothing and says what it expected.
+  const uint64_t stored = StoredRows("bounded");
+  ask_bounded.mutable_tables(0)->set_changed_since(-1);
+  v1::LookupResponse refused;
+  ExpectError(shard_.Lookup(ask_bounded, &refused), absl::StatusCode::kInvalidArgument,
+              {"'bounded'", "changed_since", "expected >= 0", "received -1"});
+  EXPECT_EQ(StoredRows("bounded"), stored);
+}
+
 TEST_F(ShardTest, OversizedResponseIsRefusedBeforeAnyWork) {
   v1::CreateTableResponse r;
   ASSERT_OK(shard_.CreateTable(AdagradTable("wide", 1024), &r));

@@ -172,6 +172,8 @@ typedef struct {
   uint64_t rows_patched;
   uint64_t patch_bytes;
   uint64_t steps_refetched;
+  uint64_t rows_refetched;
+  uint64_t keys_refetched;
 } ember_pipeline_stats;
 
 EMBER_C_API void ember_pipeline_stats_get(const ember_pipeline* pipeline,

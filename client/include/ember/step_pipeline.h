@@ -154,11 +154,15 @@ struct PipelineStats {
   // were brought forward on the trainer, the rows that took (rows of the
   // step that the step before pushed), the bytes of the early fetches'
   // answers (rows, optimizer state), and steps fetched after the push
-  // instead (someone else could change their rows).
+  // instead (someone else could change their rows): of those, the rows
+  // that came after the push (the rows pushes changed since the early
+  // fetch) and the keys they had (what a full fetch would carry).
   uint64_t steps_patched = 0;
   uint64_t rows_patched = 0;
   uint64_t patch_bytes = 0;
   uint64_t steps_refetched = 0;
+  uint64_t rows_refetched = 0;
+  uint64_t keys_refetched = 0;
 };
 
 class StepPipeline {

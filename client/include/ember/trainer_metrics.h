@@ -23,6 +23,9 @@
 //   ember_trainer_rows_patched_total{worker}     rows brought forward
 //   ember_trainer_patch_bytes_total{worker}      bytes of the early fetches'
 //                                                answers (rows, optimizer state)
+//   ember_trainer_rows_refetched_total{worker}   rows of refetched steps that
+//                                                came after the push (changed
+//                                                since the early fetch)
 //   and counters of steps, keys, unique keys, bytes and RPC attempts.
 //
 // Thread safety: everything may be called from any thread. The object must
@@ -82,6 +85,7 @@ class TrainerMetrics {
     metrics::Counter* steps_refetched;
     metrics::Counter* rows_patched;
     metrics::Counter* patch_bytes;
+    metrics::Counter* rows_refetched;
   };
   Pipeline& ForWorker(uint32_t worker);
 
@@ -106,6 +110,7 @@ class TrainerMetrics {
   metrics::Family<metrics::Counter>& early_steps_;
   metrics::Family<metrics::Counter>& rows_patched_;
   metrics::Family<metrics::Counter>& patch_bytes_;
+  metrics::Family<metrics::Counter>& rows_refetched_;
   metrics::Family<metrics::Histogram>& rpc_duration_;
   metrics::Family<metrics::Counter>& rpc_attempts_;
 

@@ -1,0 +1,63 @@
+// Which keys the pushes of recent steps wrote, per table: what lets a
+// synchronous trainer that peeked a step's rows early fetch, after the
+// barrier, only the rows other workers' pushes changed since
+// (TableLookup.changed_since).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+
+namespace ember {
+
+// Thread-safe. Memory: one copy of every recorded push's keys, for the
+// steps not yet forgotten (the shard forgets those below every registered
+// worker's applied step, which no lookup can ask about any more).
+class WriteLog {
+ public:
+  WriteLog();
+
+  // A push of `step` wrote `keys` of `table`. Call before the push counts
+  // as applied (SspClock::End), so that a lookup the clock lets through
+  // finds it.
+  void Record(const std::string& table, int64_t step, absl::Span<const uint64_t> keys);
+
+  // Forgets the pushes of steps below `step`; later questions about them
+  // get no answer.
+  void Forget(int64_t step);
+
+  // Rows changed in a way not recorded (a push of a worker the clock does
+  // not track, a table dropped or created): no answer to any question a
+  // trainer that read rows before now could ask. Changes token().
+  void ForgetAll();
+
+  // Names the record as it is now: random at start (so a restarted shard's
+  // differs), new at every ForgetAll. A trainer reads it before the rows it
+  // peeks and hands it back with its question.
+  uint64_t token() const;
+
+  // Fills `changed` with one byte per key: 1 if a recorded push of a step
+  // >= `since` wrote it, else 0; returns the number of 1s. False (and
+  // `changed` untouched) if `token` is not token() or pushes of steps >=
+  // since may have been forgotten.
+  bool Changed(const std::string& table, int64_t since, uint64_t token,
+               absl::Span<const uint64_t> keys, std::string* changed, uint64_t* count) const;
+
+ private:
+  struct Push {
+    int64_t step;
+    std::vector<uint64_t> keys;
+  };
+  mutable std::mutex mu_;
+  absl::flat_hash_map<std::string, std::deque<Push>> tables_ ABSL_GUARDED_BY(mu_);
+  int64_t forgotten_below_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t token_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ember
