@@ -256,6 +256,9 @@ absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,
         "worker ", request.worker_id(), " field 'first_step': expected >= 0, received ",
         request.first_step()));
   }
+  // A worker that joins may push steps below those a peek already waited
+  // for: the write log cannot vouch for rows read before it.
+  written_.ForgetAll();
   response->set_registered_workers(clock_.Register(request.worker_id(), request.first_step()));
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 #include "server/write_log.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 
 #include "absl/container/flat_hash_set.h"
@@ -40,6 +41,9 @@ void WriteLog::ForgetAll() {
   std::lock_guard<std::mutex> lock(mu_);
   ++token_;
   tables_.clear();
+  // Only questions with the new token count, about pushes recorded from
+  // now on: none of them is forgotten yet (steps may start over).
+  forgotten_below_ = std::numeric_limits<int64_t>::min();
 }
 
 uint64_t WriteLog::token() const {

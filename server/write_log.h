@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,7 +34,8 @@ class WriteLog {
   void Forget(int64_t step);
 
   // Rows changed in a way not recorded (a push of a worker the clock does
-  // not track, a table dropped or created): no answer to any question a
+  // not track, a table dropped or created, a worker registered, which may
+  // push steps older than a peek waited for): no answer to any question a
   // trainer that read rows before now could ask. Changes token().
   void ForgetAll();
 
@@ -56,7 +58,7 @@ class WriteLog {
   };
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, std::deque<Push>> tables_ ABSL_GUARDED_BY(mu_);
-  int64_t forgotten_below_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t forgotten_below_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::min();
   uint64_t token_ ABSL_GUARDED_BY(mu_);
 };
 
