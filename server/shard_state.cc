@@ -100,6 +100,7 @@ void Shard::InstallRestored(std::vector<RestoredTable> restored,
     tables_.swap(tables);
     restored_from_ = source;
   }
+  written_.ForgetAll();  // every row may differ from what a trainer peeked
   for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
   for (const auto& [id, progress] : workers) clock_.Restore(id, progress);
 }

@@ -75,8 +75,8 @@ using Seen = std::vector<std::vector<std::vector<float>>>;
 struct RunOptions {
   std::string table;
   bool early = true;
-  int ranks = 1;    // > 1: one StepMerger for the node
-  int workers = 1;  // > 1: that many independent pipelines (SSP workers)
+  int ranks = 1;    // > 1: one StepMerger per worker (node) merges that many pipelines
+  int workers = 1;  // > 1: that many independent SSP workers (nodes)
   uint32_t first_worker_id = 0;
   // At each Wait, check the one-hot rows against a lookup issued then
   // (bit for bit): the rows plain s = 0 would give at that moment.
@@ -105,24 +105,25 @@ class EarlyFetchTest : public ::testing::Test {
   // `stats` per rank.
   static absl::StatusOr<std::vector<Seen>> Run(const RunOptions& ro,
                                                std::vector<PipelineStats>* stats) {
-    const int n = std::max(ro.ranks, ro.workers);
-    std::unique_ptr<StepMerger> merger;
-    if (ro.ranks > 1) {
+    const int n = ro.ranks * ro.workers;  // pipelines; pipeline r is rank r % ranks of node r / ranks
+    std::vector<std::unique_ptr<StepMerger>> mergers;
+    for (int w = 0; w < ro.workers && ro.ranks > 1; ++w) {
       StepMergerOptions mo;
       mo.ranks = ro.ranks;
-      mo.worker_id = ro.first_worker_id;
+      mo.worker_id = ro.first_worker_id + w;
       mo.early_fetch = ro.early;
-      EMBER_ASSIGN_OR_RETURN(merger, StepMerger::Create(client_, mo));
+      EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepMerger> m, StepMerger::Create(client_, mo));
+      mergers.push_back(std::move(m));
     }
     std::vector<std::unique_ptr<StepPipeline>> pipes;
     for (int r = 0; r < n; ++r) {
       PipelineOptions po;
-      po.worker_id = ro.first_worker_id + (merger ? 0 : r);
+      po.worker_id = ro.first_worker_id + r / ro.ranks;
       po.features = Features(ro.table);
       po.staleness = 0;
       po.early_fetch = ro.early;
-      po.merger = merger.get();
-      po.merger_rank = r;
+      po.merger = mergers.empty() ? nullptr : mergers[r / ro.ranks].get();
+      po.merger_rank = r % ro.ranks;
       EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> p, StepPipeline::Create(client_, po));
       pipes.push_back(std::move(p));
     }
@@ -332,6 +333,25 @@ TEST_F(EarlyFetchTest, TwoWorkersFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExa
     EXPECT_GT(s.rows_refetched, 0u);
     EXPECT_LT(s.rows_refetched, s.keys_refetched * 9 / 10)
         << "the fetch after the barrier should carry the changed rows, not the whole step";
+  }
+}
+
+TEST_F(EarlyFetchTest, TwoMergedNodesFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
+  v1::TableConfig config = AdagradTable("two_nodes", kDim);
+  ASSERT_OK(client_->CreateTable(config));
+  RunOptions ro;
+  ro.table = "two_nodes";
+  ro.workers = 2;
+  ro.ranks = 2;
+  ro.first_worker_id = 20;
+  std::vector<PipelineStats> stats;
+  ASSERT_OK(Run(ro, &stats).status());
+  ASSERT_EQ(stats.size(), 4u);
+  for (const PipelineStats& s : stats) {
+    EXPECT_EQ(s.steps_patched, 0u);
+    ExpectMostStepsFetchedEarly(s.steps_refetched, ro.ranks);
+    EXPECT_GT(s.rows_refetched, 0u);
+    EXPECT_LT(s.rows_refetched, s.keys_refetched * 9 / 10);
   }
 }
 
