@@ -19,6 +19,7 @@ struct EarlyFetch::Peeked {
   std::vector<std::vector<float>> rows;            // [table] keys x dim
   std::vector<std::vector<float>> state;           // [table] keys x dim x slots
   std::vector<std::vector<uint32_t>> steps;        // [table] keys (optimizers with a step count)
+  std::vector<std::vector<uint8_t>> absent;        // [table] keys: not stored when peeked
   std::vector<std::vector<uint32_t>> in_previous;  // [table] key -> index in previous, or more
   std::vector<size_t> previous_keys;               // [table]
 };
@@ -59,6 +60,7 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
   p->rows.resize(tables);
   p->state.resize(tables);
   p->steps.resize(tables);
+  p->absent.resize(tables);
   p->in_previous.resize(tables);
   p->previous_keys.resize(tables);
   for (size_t tb = 0; tb < tables; ++tb) {
@@ -67,6 +69,7 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
     p->rows[tb].resize(n * t.dim);
     p->state[tb].resize(n * t.dim * OptimizerStateFloatsPerElement(t.optimizer.kind));
     p->steps[tb].assign(OptimizerHasStepCount(t.optimizer.kind) ? n : 0, 0);
+    p->absent[tb].assign(n, 1);  // until a peek answer says it is stored
     // Where each key sits in the previous step's push: the deduplicator
     // numbers previous's keys 0.. first, so an index below that count is a
     // shared key.
@@ -136,17 +139,19 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
       size_t shared = 0;
       for (uint32_t u : m) shared += p->in_previous[tb][u] < p->previous_keys[tb];
       if (r.rows().size() != m.size() * t.dim * 4 || r.state().size() != shared * state * 4 ||
-          r.steps().size() != shared * steps * 4) {
+          r.steps().size() != shared * steps * 4 || r.stored().size() != m.size()) {
         return absl::InternalError(
             absl::StrCat("shard ", sh, " peek of table '", r.table(), "': expected ", m.size(),
                          " rows and ", shared, " with state and steps, received ", r.rows().size(),
-                         ", ", r.state().size(), " and ", r.steps().size(), " bytes"));
+                         ", ", r.state().size(), " and ", r.steps().size(), " bytes and ",
+                         r.stored().size(), " stored flags"));
       }
       peek_bytes_ += r.rows().size() + r.state().size() + r.steps().size() + r.stored().size();
       size_t c = 0;  // the next state in the answer
       for (size_t j = 0; j < m.size(); ++j) {
         memcpy(p->rows[tb].data() + size_t{m[j]} * t.dim, r.rows().data() + j * t.dim * 4,
                t.dim * 4);
+        p->absent[tb][m[j]] = r.stored()[j] ? 0 : 1;
         if (p->in_previous[tb][m[j]] >= p->previous_keys[tb]) continue;
         if (state > 0) {  // (SGD has none: no null + 0 arithmetic)
           memcpy(p->state[tb].data() + size_t{m[j]} * state, r.state().data() + c * state * 4,
@@ -181,6 +186,13 @@ void EarlyFetch::AskChanged(uint32_t shard, const RequestPlan& plan,
     t->set_changed_since(peeked_->step - 1);
     t->set_write_log(peeked_->write_log[shard]);
   }
+}
+
+uint64_t EarlyFetch::FillEffects(uint32_t shard, const RequestPlan& plan,
+                                 v1::LookupRequest* lookup) const {
+  if (!patched_) return 0;
+  return plan.FillLookupOf(shard, /*read_only=*/false, lookup, /*omit_rows=*/true,
+                           patched_->absent);
 }
 
 std::vector<const float*> EarlyFetch::PeekedRows() const {

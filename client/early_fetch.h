@@ -94,6 +94,14 @@ class EarlyFetch {
   // peek's key order; null for a table that is not replayable), valid until
   // the next Receive, Patch or Drop.
   std::vector<const float*> PeekedRows() const;
+  // After a Patch: the patched step's lookup as the shard must still see
+  // it after the push, for `shard` (as `plan` routes it): its effects only
+  // (omit_rows), and only for the keys the peek found absent. On a
+  // replayable table a lookup of a stored key changes nothing (no eviction
+  // score, TTL stamp or admission count: none is kept), while an absent
+  // key is inserted then, as plain s = 0 inserts it. Adds no table when no
+  // key was absent; returns the key bytes.
+  uint64_t FillEffects(uint32_t shard, const RequestPlan& plan, v1::LookupRequest* lookup) const;
   // Ends the pending step unpatched (its rows came after the push instead).
   void Drop();
 

@@ -36,12 +36,15 @@ bool RequestPlan::HasKeys(uint32_t shard) const {
   return false;
 }
 
-uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
-                                 v1::LookupRequest* request, bool omit_rows) const {
+template <typename KeepFn>
+uint64_t RequestPlan::AddLookup(uint32_t shard, bool read_only, v1::LookupRequest* request,
+                                bool omit_rows, KeepFn keep) const {
   uint64_t bytes = 0;
   for (size_t tb = 0; tb < members_[shard].size(); ++tb) {
     const std::vector<uint32_t>& m = members_[shard][tb];
-    if (m.empty()) continue;
+    size_t n = 0;
+    for (uint32_t k : m) n += keep(tb, k);
+    if (n == 0) continue;
     const uint64_t* keys = (*keys_)[tb].data();
     v1::TableLookup* t = request->add_tables();
     t->set_table((*tables_)[tb]);
@@ -49,12 +52,28 @@ uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
     t->set_read_only(read_only);
     t->set_omit_rows(omit_rows);
     std::string* out = t->mutable_keys();
-    ResizeUninitialized(out, m.size() * 8);
+    ResizeUninitialized(out, n * 8);
     char* dst = out->data();
-    for (size_t j = 0; j < m.size(); ++j) memcpy(dst + j * 8, &keys[m[j]], 8);
+    for (uint32_t k : m) {
+      if (!keep(tb, k)) continue;
+      memcpy(dst, &keys[k], 8);
+      dst += 8;
+    }
     bytes += out->size();
   }
   return bytes;
+}
+
+uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
+                                 v1::LookupRequest* request, bool omit_rows) const {
+  return AddLookup(shard, read_only, request, omit_rows, [](size_t, uint32_t) { return true; });
+}
+
+uint64_t RequestPlan::FillLookupOf(uint32_t shard, bool read_only, v1::LookupRequest* request,
+                                   bool omit_rows,
+                                   const std::vector<std::vector<uint8_t>>& keep) const {
+  return AddLookup(shard, read_only, request, omit_rows,
+                   [&](size_t tb, uint32_t k) { return keep[tb][k] != 0; });
 }
 
 template <typename RowFn>

@@ -51,6 +51,10 @@ class RequestPlan {
   // returns the key bytes written.
   uint64_t FillLookup(uint32_t shard, bool read_only, v1::LookupRequest* request,
                       bool omit_rows = false) const;
+  // FillLookup of only the keys `keep` marks (keep[tb][k] != 0, one entry
+  // per key of keys[tb]); a table with none of them on `shard` is left out.
+  uint64_t FillLookupOf(uint32_t shard, bool read_only, v1::LookupRequest* request,
+                        bool omit_rows, const std::vector<std::vector<uint8_t>>& keep) const;
   // Adds one TableGradients per table with keys on `shard`: its keys and
   // their rows of `grads[tb]`. Returns the payload bytes written.
   uint64_t FillPush(uint32_t shard, const std::vector<const float*>& grads,
@@ -89,6 +93,10 @@ class RequestPlan {
  private:
   // Adds shard's TableGradients with their keys and a gradients field of
   // the right size, then calls row(tb, k, address) for each key's row in it.
+  // FillLookup's work over the keys keep(tb, k) is true for.
+  template <typename KeepFn>
+  uint64_t AddLookup(uint32_t shard, bool read_only, v1::LookupRequest* request, bool omit_rows,
+                     KeepFn keep) const;
   template <typename RowFn>
   uint64_t AddPush(uint32_t shard, v1::PushRequest* request, RowFn row) const;
   // Checks the shape of `rows` (a view of a lookup's answer: FieldRows or

@@ -364,13 +364,22 @@ absl::StatusOr<bool> StepMergerImpl::PatchNext(int leader, const std::vector<Par
     // otherwise wait for this thread to build and send the exchange.
     std::this_thread::yield();
   }
-  // The lookup's effects (or, to refetch, its rows changed since the peek)
-  // after the push, as plain s = 0 has them.
+  // The lookup's effects (inserts of the keys the peek found absent) or, to
+  // refetch, its rows changed since the peek, after the push, as plain s = 0
+  // has them.
   for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
     if (!next.plan.HasKeys(sh)) continue;
     v1::LookupRequest* l = (*requests)[sh].mutable_lookup();
-    next.plan.FillLookup(sh, /*read_only=*/false, l, /*omit_rows=*/patched);
-    if (!patched) early_->AskChanged(sh, next.plan, l);
+    if (patched) {
+      early_->FillEffects(sh, next.plan, l);
+    } else {
+      next.plan.FillLookup(sh, /*read_only=*/false, l);
+      early_->AskChanged(sh, next.plan, l);
+    }
+    if (l->tables_size() == 0) {  // nothing for the lookup to do here
+      (*requests)[sh].clear_lookup();
+      continue;
+    }
     SetClock(step, l);
   }
   return patched;

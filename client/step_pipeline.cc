@@ -525,9 +525,16 @@ class StepPipeline::Impl {
         for (uint32_t sh = 0; sh < shards; ++sh) {
           if (!next->plan.HasKeys(sh)) continue;
           v1::LookupRequest* r = requests[sh].mutable_lookup();
-          CountBytes(*next, next->plan.FillLookup(sh, /*read_only=*/false, r,
-                                                  /*omit_rows=*/refetch == nullptr), 0, 0);
-          if (refetch) early_->AskChanged(sh, next->plan, r);
+          if (refetch) {
+            CountBytes(*next, next->plan.FillLookup(sh, /*read_only=*/false, r), 0, 0);
+            early_->AskChanged(sh, next->plan, r);
+          } else {
+            CountBytes(*next, early_->FillEffects(sh, next->plan, r), 0, 0);
+          }
+          if (r->tables_size() == 0) {  // nothing for the lookup to do here
+            requests[sh].clear_lookup();
+            continue;
+          }
           SetClock(next->step, r);
         }
       }
