@@ -289,17 +289,16 @@ absl::Status Shard::WaitForClock(const v1::LookupRequest& request, absl::string_
   return waited;
 }
 
-absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupResponse* response,
-                                 absl::Time deadline, uint64_t reserved_bytes) {
+absl::StatusOr<std::vector<Shard::Resolved>> Shard::ResolveRead(
+    const v1::LookupRequest& request, const ReadKind& kind, uint64_t reserved_bytes,
+    const EntryBound& bound) {
   if (request.has_step() && request.step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("field 'step': expected >= 0, received ", request.step()));
+    return absl::InvalidArgumentError(absl::StrCat(kind.what, "field 'step': expected >= 0, received ",
+                                                   request.step()));
   }
   uint64_t total_keys = 0;
   for (const v1::TableLookup& t : request.tables()) total_keys += t.keys().size() / 8;
   EMBER_RETURN_IF_ERROR(CheckKeyCount(total_keys));
-
-  // Validate everything before the first row is read or inserted.
   std::vector<Resolved> resolved;
   resolved.reserve(request.tables_size());
   // The whole answer counts, framing included: gRPC refuses to send a
@@ -307,25 +306,41 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
   uint64_t response_bytes = reserved_bytes;
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::TableLookup& t = request.tables(i);
-    EMBER_RETURN_IF_ERROR(Resolve("Lookup", absl::StrCat("tables[", i, "]"), t.table(), t.keys(),
-                                  t.dtype(), &resolved));
-    if (t.has_changed_since() && t.changed_since() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", t.table(), "' tables[", i,
-                       "] field 'changed_since': expected >= 0, received ", t.changed_since()));
-    }
-    const Resolved& r = resolved.back();
-    const uint64_t n = r.keys.size();
-    const uint64_t rows = t.omit_rows() ? 0 : n * r.table->config.dim() * DTypeSize(r.dtype);
-    // With changed_since, fewer rows and a byte per key (`changed`).
-    response_bytes += t.has_changed_since() ? TableRowsBound(t.table(), {rows, n}, /*varints=*/3)
-                                            : TableRowsBound(t.table(), {rows}, /*varints=*/3);
+    const std::string field = absl::StrCat(kind.entries, "[", i, "]");
+    EMBER_RETURN_IF_ERROR(Resolve(kind.rpc, field, t.table(), t.keys(),
+                                  kind.fp32_rows ? v1::DTYPE_FP32 : t.dtype(), &resolved));
+    EMBER_ASSIGN_OR_RETURN(const uint64_t bytes, bound(t, field, resolved.back()));
+    response_bytes += bytes;
   }
   if (response_bytes > options_.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "response would be up to ", response_bytes,
-        " bytes (rows and framing), limit max_message_bytes is ", options_.max_message_bytes));
+        kind.answer, " would be up to ", response_bytes, " bytes (", kind.contents,
+        "), limit max_message_bytes is ", options_.max_message_bytes));
   }
+  return resolved;
+}
+
+absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupResponse* response,
+                                 absl::Time deadline, uint64_t reserved_bytes) {
+  // Validate everything before the first row is read or inserted.
+  static constexpr ReadKind kLookup{"Lookup", "", "tables", "response", "rows and framing", false};
+  EMBER_ASSIGN_OR_RETURN(
+      std::vector<Resolved> resolved,
+      ResolveRead(request, kLookup, reserved_bytes,
+                  [](const v1::TableLookup& t, absl::string_view field,
+                     const Resolved& r) -> absl::StatusOr<uint64_t> {
+                    if (t.has_changed_since() && t.changed_since() < 0) {
+                      return absl::InvalidArgumentError(absl::StrCat(
+                          "table '", t.table(), "' ", field,
+                          " field 'changed_since': expected >= 0, received ", t.changed_since()));
+                    }
+                    const uint64_t n = r.keys.size();
+                    const uint64_t rows =
+                        t.omit_rows() ? 0 : n * r.table->config.dim() * DTypeSize(r.dtype);
+                    // With changed_since, fewer rows and a byte per key (`changed`).
+                    return t.has_changed_since() ? TableRowsBound(t.table(), {rows, n}, 3)
+                                                 : TableRowsBound(t.table(), {rows}, 3);
+                  }));
   std::vector<bool> writes(request.tables_size());
   for (int i = 0; i < request.tables_size(); ++i) writes[i] = !request.tables(i).read_only();
   EMBER_RETURN_IF_ERROR(CheckRowBudget(resolved, writes));

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -199,6 +200,24 @@ class Shard {
     DType dtype = DType::kFp32;
   };
 
+  // A read of rows (a lookup or a peek), for ResolveRead's messages: the
+  // RPC (Resolve's), what comes before "field 'step'", the entries' field
+  // name, what the answer is called and holds, and whether its rows are
+  // always fp32 (a peek's) or of the entry's dtype.
+  struct ReadKind {
+    absl::string_view rpc, what, entries, answer, contents;
+    bool fp32_rows;
+  };
+  // One entry's share of the answer's size in bytes, or its own error.
+  using EntryBound = std::function<absl::StatusOr<uint64_t>(
+      const v1::TableLookup& entry, absl::string_view field, const Resolved& resolved)>;
+  // What a read checks before the first row is read or inserted: the step,
+  // the key count, each table entry (resolved), and the answer's size (the
+  // entries' bounds plus `reserved_bytes`) against max_message_bytes.
+  absl::StatusOr<std::vector<Resolved>> ResolveRead(const v1::LookupRequest& request,
+                                                    const ReadKind& kind,
+                                                    uint64_t reserved_bytes,
+                                                    const EntryBound& bound);
   // Waits until the clock allows `request` (a lookup or a peek, `what` in
   // the error) when it carries a step; DEADLINE_EXCEEDED past `deadline`
   // or max_ssp_wait.

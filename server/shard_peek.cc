@@ -32,39 +32,25 @@ bool Shard::Replayable(const EmbeddingStore& store) {
 
 absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* response,
                          absl::Time deadline, uint64_t reserved_bytes) {
-  if (request.has_step() && request.step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peek field 'step': expected >= 0, received ", request.step()));
-  }
-  uint64_t total_keys = 0;
-  for (const v1::TableLookup& t : request.tables()) total_keys += t.keys().size() / 8;
-  EMBER_RETURN_IF_ERROR(CheckKeyCount(total_keys));
-  std::vector<Resolved> resolved;
-  resolved.reserve(request.tables_size());
-  uint64_t response_bytes = reserved_bytes;
-  for (int i = 0; i < request.tables_size(); ++i) {
-    const v1::TableLookup& t = request.tables(i);
-    EMBER_RETURN_IF_ERROR(Resolve("Peek", absl::StrCat("peek.tables[", i, "]"), t.table(), t.keys(),
-                                  v1::DTYPE_FP32, &resolved));
-    const Resolved& r = resolved.back();
-    const uint64_t n = r.keys.size();
-    const TableConfig& c = r.table->store->config();
-    const uint64_t state = c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind);
-    const uint64_t steps = OptimizerHasStepCount(c.optimizer.kind) ? n : 0;
-    if (!t.with_state().empty() && t.with_state().size() != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", t.table(), "' peek.tables[", i, "] field 'with_state': expected ",
-                       n, " bytes (one per key) or none, received ", t.with_state().size()));
-    }
-    response_bytes += TableRowsBound(t.table(), {n * c.dim * 4, n * state * 4, steps * 4, n},
-                                     /*varints=*/4);
-  }
-  if (response_bytes > options_.max_message_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("peek answer would be up to ", response_bytes,
-                     " bytes (rows, optimizer state and framing), limit max_message_bytes is ",
-                     options_.max_message_bytes));
-  }
+  static constexpr ReadKind kPeek{"Peek", "peek ", "peek.tables", "peek answer",
+                                  "rows, optimizer state and framing", true};
+  EMBER_ASSIGN_OR_RETURN(
+      std::vector<Resolved> resolved,
+      ResolveRead(request, kPeek, reserved_bytes,
+                  [](const v1::TableLookup& t, absl::string_view field,
+                     const Resolved& r) -> absl::StatusOr<uint64_t> {
+                    const uint64_t n = r.keys.size();
+                    const TableConfig& c = r.table->store->config();
+                    const uint64_t state = c.dim * OptimizerStateFloatsPerElement(c.optimizer.kind);
+                    const uint64_t steps = OptimizerHasStepCount(c.optimizer.kind) ? n : 0;
+                    if (!t.with_state().empty() && t.with_state().size() != n) {
+                      return absl::InvalidArgumentError(absl::StrCat(
+                          "table '", t.table(), "' ", field, " field 'with_state': expected ", n,
+                          " bytes (one per key) or none, received ", t.with_state().size()));
+                    }
+                    return TableRowsBound(t.table(), {n * c.dim * 4, n * state * 4, steps * 4, n},
+                                          /*varints=*/4);
+                  }));
   EMBER_RETURN_IF_ERROR(WaitForClock(request, "peek", deadline));
 
   // Before any row is read: a change the log misses after this point

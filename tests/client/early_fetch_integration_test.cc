@@ -240,6 +240,11 @@ class EarlyFetchTest : public ::testing::Test {
 
   static std::vector<std::unique_ptr<ServerProcess>>* shards_;
   static Client* client_;
+
+ public:
+  static absl::Status RunForTest(const RunOptions& ro, std::vector<PipelineStats>* stats) {
+    return Run(ro, stats).status();
+  }
 };
 std::vector<std::unique_ptr<ServerProcess>>* EarlyFetchTest::shards_ = nullptr;
 Client* EarlyFetchTest::client_ = nullptr;
@@ -315,44 +320,37 @@ TEST_F(EarlyFetchTest, TablesWithTtlAreFetchedAfterThePush) {
   ExpectMostStepsFetchedEarly(stats[0].steps_refetched, 1);
 }
 
-TEST_F(EarlyFetchTest, TwoWorkersFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
-  v1::TableConfig config = AdagradTable("two_workers", kDim);
-  ASSERT_OK(client_->CreateTable(config));
+// Two SSP workers (nodes of `ranks` merged pipelines) at s = 0: every
+// step is checked against a lookup then (RunOptions::check_against_lookup);
+// the other worker's pushes may change any row, so each step is fetched
+// after the push, but only the rows some push changed since the early fetch.
+void ExpectTwoWorkersFetchOnlyChangedRows(const std::string& table, int ranks,
+                                          uint32_t first_worker_id) {
   RunOptions ro;
-  ro.table = "two_workers";
+  ro.table = table;
   ro.workers = 2;
-  ro.first_worker_id = 10;
+  ro.ranks = ranks;
+  ro.first_worker_id = first_worker_id;
   std::vector<PipelineStats> stats;
-  ASSERT_OK(Run(ro, &stats).status());
-  ASSERT_EQ(stats.size(), 2u);
+  ASSERT_OK(EarlyFetchTest::RunForTest(ro, &stats));
+  ASSERT_EQ(stats.size(), static_cast<size_t>(2 * ranks));
   for (const PipelineStats& s : stats) {
-    // The other worker's pushes may change any row: fetched after the push,
-    // but only the rows some push changed since the early fetch.
     EXPECT_EQ(s.steps_patched, 0u);
-    ExpectMostStepsFetchedEarly(s.steps_refetched, 1);
+    ExpectMostStepsFetchedEarly(s.steps_refetched, ranks);
     EXPECT_GT(s.rows_refetched, 0u);
     EXPECT_LT(s.rows_refetched, s.keys_refetched * 9 / 10)
         << "the fetch after the barrier should carry the changed rows, not the whole step";
   }
 }
 
+TEST_F(EarlyFetchTest, TwoWorkersFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
+  ASSERT_OK(client_->CreateTable(AdagradTable("two_workers", kDim)));
+  ExpectTwoWorkersFetchOnlyChangedRows("two_workers", /*ranks=*/1, /*first_worker_id=*/10);
+}
+
 TEST_F(EarlyFetchTest, TwoMergedNodesFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
-  v1::TableConfig config = AdagradTable("two_nodes", kDim);
-  ASSERT_OK(client_->CreateTable(config));
-  RunOptions ro;
-  ro.table = "two_nodes";
-  ro.workers = 2;
-  ro.ranks = 2;
-  ro.first_worker_id = 20;
-  std::vector<PipelineStats> stats;
-  ASSERT_OK(Run(ro, &stats).status());
-  ASSERT_EQ(stats.size(), 4u);
-  for (const PipelineStats& s : stats) {
-    EXPECT_EQ(s.steps_patched, 0u);
-    ExpectMostStepsFetchedEarly(s.steps_refetched, ro.ranks);
-    EXPECT_GT(s.rows_refetched, 0u);
-    EXPECT_LT(s.rows_refetched, s.keys_refetched * 9 / 10);
-  }
+  ASSERT_OK(client_->CreateTable(AdagradTable("two_nodes", kDim)));
+  ExpectTwoWorkersFetchOnlyChangedRows("two_nodes", /*ranks=*/2, /*first_worker_id=*/20);
 }
 
 }  // namespace
