@@ -496,11 +496,12 @@ int Run() {
                       merged_step_keys > 0 ? 100 * patched / merged_step_keys : 0,
                       r.steps_patched ? r.patch_bytes / 1024.0 / r.steps_patched : 0);
           if (r.steps_refetched > 0) {
-            std::printf("      fetched after the barrier: %.0f rows per refetched step of %.0f "
-                        "(%.1f%%: the rows pushes changed since the early fetch)\n",
-                        double(r.rows_refetched) / r.steps_refetched,
-                        double(r.keys_refetched) / r.steps_refetched,
-                        r.keys_refetched ? 100.0 * r.rows_refetched / r.keys_refetched : 0);
+            std::printf(
+                "      fetched after the barrier: %.0f rows per refetched step of %.0f "
+                "(%.1f%%: the rows pushes changed since the early fetch)\n",
+                double(r.rows_refetched) / r.steps_refetched,
+                double(r.keys_refetched) / r.steps_refetched,
+                r.keys_refetched ? 100.0 * r.rows_refetched / r.keys_refetched : 0);
           }
         }
         std::printf("      stand-in model backward: %.3f ms CPU/step, taking batches from the source: "

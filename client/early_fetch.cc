@@ -13,7 +13,7 @@ namespace ember {
 // counts, and where each row's key sits in the previous step's push.
 struct EarlyFetch::Peeked {
   int64_t step = -1;
-  bool patchable = true;       // every table replayable, no other worker
+  bool patchable = true;            // every table replayable, no other worker
   std::vector<uint8_t> replayable;  // [table] on every shard that holds its keys
   std::vector<uint64_t> write_log;  // [shard] the answer's (LookupResponse.write_log)
   std::vector<std::vector<float>> rows;            // [table] keys x dim
@@ -140,11 +140,10 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
       for (uint32_t u : m) shared += p->in_previous[tb][u] < p->previous_keys[tb];
       if (r.rows().size() != m.size() * t.dim * 4 || r.state().size() != shared * state * 4 ||
           r.steps().size() != shared * steps * 4 || r.stored().size() != m.size()) {
-        return absl::InternalError(
-            absl::StrCat("shard ", sh, " peek of table '", r.table(), "': expected ", m.size(),
-                         " rows and ", shared, " with state and steps, received ", r.rows().size(),
-                         ", ", r.state().size(), " and ", r.steps().size(), " bytes and ",
-                         r.stored().size(), " stored flags"));
+        return absl::InternalError(absl::StrCat(
+            "shard ", sh, " peek of table '", r.table(), "': expected ", m.size(), " rows and ",
+            shared, " with state and steps, received ", r.rows().size(), ", ", r.state().size(),
+            " and ", r.steps().size(), " bytes and ", r.stored().size(), " stored flags"));
       }
       peek_bytes_ += r.rows().size() + r.state().size() + r.steps().size() + r.stored().size();
       size_t c = 0;  // the next state in the answer

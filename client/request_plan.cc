@@ -64,8 +64,8 @@ uint64_t RequestPlan::AddLookup(uint32_t shard, bool read_only, v1::LookupReques
   return bytes;
 }
 
-uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only,
-                                 v1::LookupRequest* request, bool omit_rows) const {
+uint64_t RequestPlan::FillLookup(uint32_t shard, bool read_only, v1::LookupRequest* request,
+                                 bool omit_rows) const {
   return AddLookup(shard, read_only, request, omit_rows, [](size_t, uint32_t) { return true; });
 }
 
@@ -163,9 +163,9 @@ absl::Status RequestPlan::ForEachRow(uint32_t shard, const Rows& rows, uint64_t*
     if (m.empty()) continue;
     const size_t row_bytes = size_t{(*dims_)[tb]} * 4;
     if (entry >= rows.tables_size()) {
-      return absl::InternalError(absl::StrCat(client_->ShardName(shard), " table '",
-                                              (*tables_)[tb], "' field 'rows': expected ",
-                                              m.size() * row_bytes, " bytes, received none"));
+      return absl::InternalError(absl::StrCat(client_->ShardName(shard), " table '", (*tables_)[tb],
+                                              "' field 'rows': expected ", m.size() * row_bytes,
+                                              " bytes, received none"));
     }
     const std::string& changed = rows.changed(entry);
     const std::vector<uint32_t>* keys = &m;

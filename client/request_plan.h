@@ -53,8 +53,8 @@ class RequestPlan {
                       bool omit_rows = false) const;
   // FillLookup of only the keys `keep` marks (keep[tb][k] != 0, one entry
   // per key of keys[tb]); a table with none of them on `shard` is left out.
-  uint64_t FillLookupOf(uint32_t shard, bool read_only, v1::LookupRequest* request,
-                        bool omit_rows, const std::vector<std::vector<uint8_t>>& keep) const;
+  uint64_t FillLookupOf(uint32_t shard, bool read_only, v1::LookupRequest* request, bool omit_rows,
+                        const std::vector<std::vector<uint8_t>>& keep) const;
   // Adds one TableGradients per table with keys on `shard`: its keys and
   // their rows of `grads[tb]`. Returns the payload bytes written.
   uint64_t FillPush(uint32_t shard, const std::vector<const float*>& grads,

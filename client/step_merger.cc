@@ -1,12 +1,10 @@
-#include "client/internal/step_merger_impl.h"
-
 #include <cstring>
 #include <thread>
-
 
 #include "absl/strings/str_cat.h"
 #include "client/dedup.h"
 #include "client/early_fetch.h"
+#include "client/internal/step_merger_impl.h"
 #include "client/pooling.h"
 #include "client/request_plan.h"
 #include "common/status_macros.h"

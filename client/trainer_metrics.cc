@@ -12,8 +12,7 @@ TrainerMetrics::TrainerMetrics()
                                    "Steps whose gradients were sent to the shards.", {"worker"})),
       exposed_wait_(registry_.AddHistogram(
           "ember_trainer_exposed_wait_seconds",
-          "Time Wait blocked per step: the embedding time the trainer did not hide.",
-          {"worker"})),
+          "Time Wait blocked per step: the embedding time the trainer did not hide.", {"worker"})),
       fetch_(registry_.AddHistogram(
           "ember_trainer_fetch_seconds",
           "Time from Prefetch to the step's rows being ready (queueing, SSP wait, RPC, pooling).",
@@ -87,14 +86,26 @@ TrainerMetrics::Pipeline& TrainerMetrics::ForWorker(uint32_t worker) {
   std::unique_ptr<Pipeline>& p = pipelines_[worker];
   if (p) return *p;
   const metrics::Labels w = {absl::StrCat(worker)};
-  p = std::make_unique<Pipeline>(Pipeline{
-      &steps_.With(w), &pushes_.With(w), &exposed_wait_.With(w), &fetch_.With(w),
-      &overlap_.With(w), &staleness_.With(w), &staleness_bound_.With(w), &keys_.With(w),
-      &unique_keys_.With(w), &unique_ratio_.With(w), &bytes_.With({w[0], "sent"}),
-      &bytes_.With({w[0], "received"}), &bytes_.With({w[0], "node_shuffle"}),
-      &step_bytes_.With(w), &failed_.With(w), &early_steps_.With({w[0], "patched"}),
-      &early_steps_.With({w[0], "refetched"}), &rows_patched_.With(w), &patch_bytes_.With(w),
-      &rows_refetched_.With(w)});
+  p = std::make_unique<Pipeline>(Pipeline{&steps_.With(w),
+                                          &pushes_.With(w),
+                                          &exposed_wait_.With(w),
+                                          &fetch_.With(w),
+                                          &overlap_.With(w),
+                                          &staleness_.With(w),
+                                          &staleness_bound_.With(w),
+                                          &keys_.With(w),
+                                          &unique_keys_.With(w),
+                                          &unique_ratio_.With(w),
+                                          &bytes_.With({w[0], "sent"}),
+                                          &bytes_.With({w[0], "received"}),
+                                          &bytes_.With({w[0], "node_shuffle"}),
+                                          &step_bytes_.With(w),
+                                          &failed_.With(w),
+                                          &early_steps_.With({w[0], "patched"}),
+                                          &early_steps_.With({w[0], "refetched"}),
+                                          &rows_patched_.With(w),
+                                          &patch_bytes_.With(w),
+                                          &rows_refetched_.With(w)});
   return *p;
 }
 

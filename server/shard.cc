@@ -289,12 +289,13 @@ absl::Status Shard::WaitForClock(const v1::LookupRequest& request, absl::string_
   return waited;
 }
 
-absl::StatusOr<std::vector<Shard::Resolved>> Shard::ResolveRead(
-    const v1::LookupRequest& request, const ReadKind& kind, uint64_t reserved_bytes,
-    const EntryBound& bound) {
+absl::StatusOr<std::vector<Shard::Resolved>> Shard::ResolveRead(const v1::LookupRequest& request,
+                                                                const ReadKind& kind,
+                                                                uint64_t reserved_bytes,
+                                                                const EntryBound& bound) {
   if (request.has_step() && request.step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(kind.what, "field 'step': expected >= 0, received ",
-                                                   request.step()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kind.what, "field 'step': expected >= 0, received ", request.step()));
   }
   uint64_t total_keys = 0;
   for (const v1::TableLookup& t : request.tables()) total_keys += t.keys().size() / 8;
@@ -313,9 +314,9 @@ absl::StatusOr<std::vector<Shard::Resolved>> Shard::ResolveRead(
     response_bytes += bytes;
   }
   if (response_bytes > options_.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        kind.answer, " would be up to ", response_bytes, " bytes (", kind.contents,
-        "), limit max_message_bytes is ", options_.max_message_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(kind.answer, " would be up to ", response_bytes, " bytes (", kind.contents,
+                     "), limit max_message_bytes is ", options_.max_message_bytes));
   }
   return resolved;
 }
@@ -466,7 +467,8 @@ void Shard::KeepChangedRows(const Resolved& r, int64_t since, uint64_t token,
   size_t kept = 0;
   for (size_t k = 0; k < changed.size(); ++k) {
     if (!changed[k]) continue;
-    if (kept != k) memmove(rows->data() + kept * row_bytes, rows->data() + k * row_bytes, row_bytes);
+    if (kept != k)
+      memmove(rows->data() + kept * row_bytes, rows->data() + k * row_bytes, row_bytes);
     ++kept;
   }
   rows->resize(kept * row_bytes);

@@ -23,9 +23,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "common/rw_mutex.h"
-#include "absl/time/clock.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
 #include "kernels/embedding_store.h"
@@ -215,8 +215,7 @@ class Shard {
   // the key count, each table entry (resolved), and the answer's size (the
   // entries' bounds plus `reserved_bytes`) against max_message_bytes.
   absl::StatusOr<std::vector<Resolved>> ResolveRead(const v1::LookupRequest& request,
-                                                    const ReadKind& kind,
-                                                    uint64_t reserved_bytes,
+                                                    const ReadKind& kind, uint64_t reserved_bytes,
                                                     const EntryBound& bound);
   // Waits until the clock allows `request` (a lookup or a peek, `what` in
   // the error) when it carries a step; DEADLINE_EXCEEDED past `deadline`
@@ -236,8 +235,7 @@ class Shard {
   // A lookup's changed_since and write_log (`out`: its table's answer with
   // a row per key of `r`): keeps only the rows pushes of steps >= since
   // wrote, and says which in out->changed, when the write log can tell.
-  void KeepChangedRows(const Resolved& r, int64_t since, uint64_t token,
-                       v1::TableRows* out) const;
+  void KeepChangedRows(const Resolved& r, int64_t since, uint64_t token, v1::TableRows* out) const;
   // Resolves the table name and keys of one request entry; checks the key
   // byte size, duplicates of the table in the request and key ownership.
   absl::Status Resolve(absl::string_view rpc, absl::string_view field,
@@ -266,7 +264,7 @@ class Shard {
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   SspClock clock_;
-  WriteLog written_;  // for TableLookup.changed_since
+  WriteLog written_;                 // for TableLookup.changed_since
   std::mutex snapshot_mu_;           // one Snapshot at a time
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
   ShardMetrics* metrics_ = nullptr;  // set before serving; null: no metrics

@@ -32,8 +32,8 @@ bool Shard::Replayable(const EmbeddingStore& store) {
 
 absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* response,
                          absl::Time deadline, uint64_t reserved_bytes) {
-  static constexpr ReadKind kPeek{"Peek", "peek ", "peek.tables", "peek answer",
-                                  "rows, optimizer state and framing", true};
+  static constexpr ReadKind kPeek{
+      "Peek", "peek ", "peek.tables", "peek answer", "rows, optimizer state and framing", true};
   EMBER_ASSIGN_OR_RETURN(
       std::vector<Resolved> resolved,
       ResolveRead(request, kPeek, reserved_bytes,

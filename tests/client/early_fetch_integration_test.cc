@@ -105,7 +105,8 @@ class EarlyFetchTest : public ::testing::Test {
   // `stats` per rank.
   static absl::StatusOr<std::vector<Seen>> Run(const RunOptions& ro,
                                                std::vector<PipelineStats>* stats) {
-    const int n = ro.ranks * ro.workers;  // pipelines; pipeline r is rank r % ranks of node r / ranks
+    const int n =
+        ro.ranks * ro.workers;  // pipelines; pipeline r is rank r % ranks of node r / ranks
     std::vector<std::unique_ptr<StepMerger>> mergers;
     for (int w = 0; w < ro.workers && ro.ranks > 1; ++w) {
       StepMergerOptions mo;
@@ -348,7 +349,8 @@ TEST_F(EarlyFetchTest, TwoWorkersFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExa
   ExpectTwoWorkersFetchOnlyChangedRows("two_workers", /*ranks=*/1, /*first_worker_id=*/10);
 }
 
-TEST_F(EarlyFetchTest, TwoMergedNodesFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
+TEST_F(EarlyFetchTest,
+       TwoMergedNodesFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
   ASSERT_OK(client_->CreateTable(AdagradTable("two_nodes", kDim)));
   ExpectTwoWorkersFetchOnlyChangedRows("two_nodes", /*ranks=*/2, /*first_worker_id=*/20);
 }
