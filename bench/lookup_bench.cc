@@ -31,7 +31,8 @@
 #include "common/wire.h"
 #include "ember/client.h"
 
-ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
+ABSL_FLAG(std::string, shards, "127.0.0.1:50051",
+          "Comma-separated shard addresses, in shard order; inproc:N: N shards in this process.");
 ABSL_FLAG(std::string, tls_shards, "",
           "A second cluster of as many shards serving TLS (ember-server --tls_cert/--tls_key): "
           "the same lookups are sent to it as well, round by round, to measure TLS's cost.");

@@ -35,7 +35,8 @@
 #include "ember/step_pipeline.h"
 #include "ember/trainer_metrics.h"
 
-ABSL_FLAG(std::string, shards, "127.0.0.1:50051", "Comma-separated shard addresses, in shard order.");
+ABSL_FLAG(std::string, shards, "127.0.0.1:50051",
+          "Comma-separated shard addresses, in shard order; inproc:N: N shards in this process.");
 ABSL_FLAG(std::string, pipelines, "4",
           "Step pipelines (simulated GPUs), one thread each; a comma-separated list runs each.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension of every table.");
@@ -344,7 +345,9 @@ RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker
   for (const auto& source : sources) r.cpu_seconds -= source->DrawCpuSeconds();
   r.cpu_seconds -= r.model_cpu_seconds + r.input_cpu_seconds;
   const double shard_cpu_after = ShardCpuSeconds(client);
-  if (shard_cpu_before >= 0 && shard_cpu_after >= 0) {
+  if (client->in_process()) {
+    r.shard_cpu_seconds = 0;  // the shards' work is in the trainer's CPU
+  } else if (shard_cpu_before >= 0 && shard_cpu_after >= 0) {
     r.shard_cpu_seconds = shard_cpu_after - shard_cpu_before;
   }
   return r;
@@ -395,15 +398,18 @@ int Run() {
   }
   const bool busy = absl::GetFlag(FLAGS_compute_mode) == "busy";
   const std::vector<double> computes = ParseList(absl::GetFlag(FLAGS_compute_ms));
-  std::printf("ember-trainer: %zu shards, pipelines %s%s, %s, %s, dim %u, staleness %d, "
-              "compute %s, %.0f s per run, %u cores\n",
-              options.shards.size(), absl::GetFlag(FLAGS_pipelines).c_str(),
-              absl::GetFlag(FLAGS_merge_pipelines) ? " (merged: one request per shard per step)"
-                                                   : " (each sends its own requests)",
-              options.exchange_streams ? "exchange streams" : "unary exchanges",
-              workload.Describe().c_str(), dim, absl::GetFlag(FLAGS_staleness),
-              busy ? "busy-wait" : "sleep", absl::GetFlag(FLAGS_seconds),
-              std::thread::hardware_concurrency());
+  std::printf(
+      "ember-trainer: %u shards%s, pipelines %s%s, %s, %s, dim %u, staleness %d, "
+      "compute %s, %.0f s per run, %u cores\n",
+      (*client)->shard_count(),
+      (*client)->in_process() ? " in this process (their CPU is the trainer's)" : "",
+      absl::GetFlag(FLAGS_pipelines).c_str(),
+      absl::GetFlag(FLAGS_merge_pipelines) ? " (merged: one request per shard per step)"
+                                           : " (each sends its own requests)",
+      options.exchange_streams ? "exchange streams" : "unary exchanges",
+      workload.Describe().c_str(), dim, absl::GetFlag(FLAGS_staleness),
+      busy ? "busy-wait" : "sleep", absl::GetFlag(FLAGS_seconds),
+      std::thread::hardware_concurrency());
   std::fflush(stdout);
 
   uint32_t worker_base = absl::GetFlag(FLAGS_worker_id_base);
@@ -535,8 +541,10 @@ int Run() {
     const std::string efficiency =
         row.compute > 0 ? absl::StrFormat("%.3f", row.baseline_ms / step_ms) : "-";
     const bool shards_known = r.shard_cpu_seconds >= 0;
-    const std::string shard_cpu =
-        shards_known ? absl::StrFormat("%.2f", r.CpuMsPerStep(r.shard_cpu_seconds)) : "-";
+    const std::string shard_cpu = (*client)->in_process() ? "in trainer"
+                                  : shards_known
+                                      ? absl::StrFormat("%.2f", r.CpuMsPerStep(r.shard_cpu_seconds))
+                                      : "-";
     const std::string total_cpu =
         shards_known ? absl::StrFormat("%.2f", r.CpuMsPerStep(r.cpu_seconds + r.shard_cpu_seconds))
                      : "-";

@@ -155,6 +155,8 @@ int ember_client_connect(const ember_client_options* options, ember_client** out
   client_options.tls.key_file = text(options->tls_key_file);
   client_options.tls.server_name = text(options->tls_server_name);
   client_options.auth_token = text(options->auth_token);
+  client_options.in_process.checkpoint_dir = text(options->inproc_checkpoint_dir);
+  client_options.in_process.restore_from = text(options->inproc_restore_from);
   auto client = ember::Client::Connect(client_options);
   if (!client.ok()) return Fail(client.status());
   *out = new ember_client{std::move(*client)};

@@ -1,18 +1,13 @@
 #include "server/server.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "google/protobuf/text_format.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/admin_service.h"
 #include "server/async_service.h"
 #include "server/embedding_service.h"
-#include "server/shard_gauges.h"
 #include "spdlog/spdlog.h"
 
 namespace ember {
@@ -50,44 +45,14 @@ absl::Status ServerOptions::Validate() const {
         "metrics_port: expected -1 (off) or 0..65535 other than port ", port, ", received ",
         metrics_port));
   }
-  EMBER_RETURN_IF_ERROR(checkpoint.Validate());
   EMBER_RETURN_IF_ERROR(tls.Validate());
-  if (restore_from == "latest" && checkpoint.directory.empty()) {
-    return absl::InvalidArgumentError(
-        "restore_from: 'latest' needs a checkpoint_dir, received none");
-  }
-  return shard.Validate();
+  return ShardHostOptions{.shard = shard, .checkpoint = checkpoint, .restore_from = restore_from}
+      .Validate();
 }
-
-namespace {
-
-absl::Status CreateConfiguredTables(const std::string& path, Shard* shard) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("table_config_file '", path, "': cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  v1::TableConfigList list;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &list)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table_config_file '", path, "': not a text-format ember.v1.TableConfigList"));
-  }
-  for (const v1::TableConfig& config : list.tables()) {
-    v1::CreateTableResponse response;
-    absl::Status s = shard->CreateTable(config, &response);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("table_config_file '", path, "': ", s.message()));
-    }
-    spdlog::info("created table '{}' dim {} from {}", config.name(), config.dim(), path);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   EMBER_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Server> server(new Server());
-  server->shard_ = std::make_unique<Shard>(options.shard);
   if (options.metrics_port >= 0) {
     server->registry_ = std::make_unique<metrics::Registry>();
     metrics::AddProcessMetrics(server->registry_.get());
@@ -97,28 +62,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         .With({EMBER_VERSION, options.shard.device.ToString(),
                absl::StrCat(options.shard.shard_index, "/", options.shard.shard_count)})
         .Set(1);
-    server->metrics_ = std::make_unique<ShardMetrics>(server->registry_.get());
-    server->shard_->SetMetrics(server->metrics_.get());
-    WatchShardGauges(server->shard_.get(), server->metrics_.get());
   }
-  server->checkpointer_ = std::make_unique<Checkpointer>(
-      server->shard_.get(), options.checkpoint, FileSystem::Posix(), server->metrics_.get());
-  if (!options.restore_from.empty()) {
-    EMBER_RETURN_IF_ERROR(server->checkpointer_->Restore(options.restore_from).status());
-  }
-  if (!options.table_config_file.empty()) {
-    EMBER_RETURN_IF_ERROR(CreateConfiguredTables(options.table_config_file, server->shard_.get()));
-  }
+  EMBER_ASSIGN_OR_RETURN(server->host_,
+                         ShardHost::Start({.shard = options.shard,
+                                           .checkpoint = options.checkpoint,
+                                           .restore_from = options.restore_from,
+                                           .table_config_file = options.table_config_file},
+                                          server->registry_.get()));
+  Shard* shard = &server->host_->shard();
+  ShardMetrics* metrics = server->host_->metrics();
   if (!options.auth_tokens_file.empty()) {
     EMBER_ASSIGN_OR_RETURN(server->auth_, TokenAuth::FromFile(options.auth_tokens_file));
-    server->auth_->SetMetrics(server->metrics_.get());
+    server->auth_->SetMetrics(metrics);
     spdlog::info("authentication: {} bearer tokens from {}", server->auth_->size(),
                  options.auth_tokens_file);
   }
-  server->inflight_ = std::make_unique<InflightLimit>(options.inflight, server->metrics_.get());
-  server->services_ = std::make_unique<Services>(options, server->shard_.get(),
-                                                 server->metrics_.get(), server->checkpointer_.get(),
-                                                 server->auth_.get(), server->inflight_.get());
+  server->inflight_ = std::make_unique<InflightLimit>(options.inflight, metrics);
+  server->services_ =
+      std::make_unique<Services>(options, shard, metrics, &server->host_->checkpointer(),
+                                 server->auth_.get(), server->inflight_.get());
   if (options.metrics_port >= 0) {
     EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
                            MetricsHttpServer::Start(options.address, options.metrics_port,
@@ -167,19 +129,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                               v1::AdminService::service_full_name()}) {
     health->SetServingStatus(service, true);
   }
-  server->checkpointer_->StartPeriodic();
-  server->maintenance_ = std::thread([s = server.get()] {
-    const absl::Time start = absl::Now();
-    std::unique_lock<std::mutex> lock(s->maintenance_mu_);
-    while (!s->maintenance_cv_.wait_for(lock, std::chrono::seconds(1),
-                                        [s] { return s->stopping_; })) {
-      lock.unlock();
-      if (const uint64_t n = s->shard_->ExpireRows(absl::Now() - start); n > 0) {
-        spdlog::info("TTL: {} rows expired", n);
-      }
-      lock.lock();
-    }
-  });
   return server;
 }
 
@@ -191,15 +140,7 @@ Server::~Server() {
 }
 
 void Server::Shutdown(absl::Duration grace) {
-  if (checkpointer_) checkpointer_->StopPeriodic();
-  std::call_once(maintenance_stopped_, [this] {
-    {
-      std::lock_guard<std::mutex> lock(maintenance_mu_);
-      stopping_ = true;
-    }
-    maintenance_cv_.notify_all();
-    if (maintenance_.joinable()) maintenance_.join();
-  });
+  if (host_) host_->Stop();
   if (!grpc_server_) return;
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -2,22 +2,20 @@
 // service and reflection.
 #pragma once
 
-#include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
-#include "server/checkpointer.h"
-#include "server/inflight_limit.h"
 #include "common/tls.h"
+#include "server/inflight_limit.h"
 #include "server/shard.h"
-#include "server/token_auth.h"
+#include "server/shard_host.h"
 #include "server/shard_metrics.h"
+#include "server/token_auth.h"
 
 namespace grpc {
 class Server;
@@ -85,8 +83,8 @@ class Server {
   // The metrics port (the chosen one when options.metrics_port was 0); -1
   // without metrics.
   int metrics_port() const;
-  Shard& shard() { return *shard_; }
-  Checkpointer& checkpointer() { return *checkpointer_; }
+  Shard& shard() { return host_->shard(); }
+  Checkpointer& checkpointer() { return host_->checkpointer(); }
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,
   // then cancels the rest. Idempotent; thread-safe.
@@ -99,21 +97,13 @@ class Server {
   struct Services;
 
   std::unique_ptr<metrics::Registry> registry_;
-  std::unique_ptr<ShardMetrics> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
-  std::unique_ptr<Shard> shard_;
-  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<ShardHost> host_;
   std::unique_ptr<TokenAuth> auth_;  // null: no authentication
   std::unique_ptr<InflightLimit> inflight_;  // outlives the services' calls
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
-  // Once a second: TTL expiry (Shard::ExpireRows).
-  std::thread maintenance_;
-  std::mutex maintenance_mu_;
-  std::condition_variable maintenance_cv_;
-  bool stopping_ = false;
-  std::once_flag maintenance_stopped_;
   std::once_flag async_stopped_;
 };
 

@@ -18,7 +18,8 @@ def pool_backward(offsets: npt.ArrayLike, inverse: npt.ArrayLike, d_pooled: npt.
     """[num_rows, dim] gradient of pool_forward with respect to rows."""
 
 class Client:
-    def __init__(self, shards: List[str], rpc_timeout_s: float, connect_timeout_s: float,
+    def __init__(self, shards: List[str], inproc_checkpoint_dir: str, inproc_restore_from: str,
+                 rpc_timeout_s: float, connect_timeout_s: float,
                  retry_budget_s: float, tls: bool = ..., tls_ca: str = ..., tls_cert: str = ...,
                  tls_key: str = ..., tls_server_name: str = ...,
                  auth_token: str = ...) -> None: ...

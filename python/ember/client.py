@@ -23,11 +23,15 @@ class Client(_ember.Client):
     """A trainer's connection to every shard of a cluster (ember::Client).
 
     shards: "host:port" of every shard, in shard-index order. Connecting checks
-    that shard i reports index i of len(shards). Thread-safe: share one Client
-    among the pipelines of a process. Failures raise ember.EmberError.
+    that shard i reports index i of len(shards). Or inproc=N instead: N shards
+    in this process (no server to start; the same shard code, without a
+    network), for a job with one trainer process. Thread-safe: share one
+    Client among the pipelines of a process. Failures raise ember.EmberError.
     """
 
-    def __init__(self, shards: Sequence[str], *, rpc_timeout: float = 10.0,
+    def __init__(self, shards: Sequence[str] = (), *, inproc: int = 0,
+                 inproc_checkpoint_dir: Optional[str] = None,
+                 inproc_restore_from: Optional[str] = None, rpc_timeout: float = 10.0,
                  connect_timeout: float = 10.0, retry_budget: float = 30.0,
                  tls: bool = False, tls_ca: Optional[str] = None,
                  tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
@@ -38,8 +42,18 @@ class Client(_ember.Client):
         key, for shards that require one (mutual TLS); tls_server_name the
         name their certificates carry when it is not the address's host.
         auth_token: the bearer token for shards started with
-        --auth_tokens_file (send it over TLS only)."""
-        super().__init__(list(shards), rpc_timeout, connect_timeout, retry_budget, tls,
+        --auth_tokens_file (send it over TLS only).
+
+        inproc_checkpoint_dir: where in-process shard i checkpoints
+        (<dir>/shard-<i>, the layout shard servers restore with
+        --checkpoint_dir=<dir>/shard-<i>); inproc_restore_from: "latest" or
+        a checkpoint id under it, restored when the shards start."""
+        if inproc:
+            if shards:
+                raise ValueError("shards and inproc: expected one of them, received both")
+            shards = [f"inproc:{inproc}"]
+        super().__init__(list(shards), inproc_checkpoint_dir or "", inproc_restore_from or "",
+                         rpc_timeout, connect_timeout, retry_budget, tls,
                          tls_ca or "", tls_cert or "", tls_key or "", tls_server_name or "",
                          auth_token or "")
         self._dims: Dict[str, int] = {}

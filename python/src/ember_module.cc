@@ -105,16 +105,26 @@ ArrayView<T> View(const py::handle& object, const std::string& what, const char*
 
 class Client {
  public:
-  Client(const std::vector<std::string>& shards, double rpc_timeout_s, double connect_timeout_s,
+  Client(const std::vector<std::string>& shards, const std::string& inproc_checkpoint_dir,
+         const std::string& inproc_restore_from, double rpc_timeout_s, double connect_timeout_s,
          double retry_budget_s, bool tls, const std::string& tls_ca, const std::string& tls_cert,
          const std::string& tls_key, const std::string& tls_server_name,
          const std::string& auth_token) {
     std::vector<const char*> addresses;
     for (const auto& s : shards) addresses.push_back(s.c_str());
-    ember_client_options options{addresses.data(), addresses.size(), rpc_timeout_s,
-                                 connect_timeout_s, retry_budget_s, tls ? 1 : 0,
-                                 tls_ca.c_str(), tls_cert.c_str(), tls_key.c_str(),
-                                 tls_server_name.c_str(), auth_token.c_str()};
+    ember_client_options options{addresses.data(),
+                                 addresses.size(),
+                                 rpc_timeout_s,
+                                 connect_timeout_s,
+                                 retry_budget_s,
+                                 tls ? 1 : 0,
+                                 tls_ca.c_str(),
+                                 tls_cert.c_str(),
+                                 tls_key.c_str(),
+                                 tls_server_name.c_str(),
+                                 auth_token.c_str(),
+                                 inproc_checkpoint_dir.c_str(),
+                                 inproc_restore_from.c_str()};
     CallReleased([&] { return ember_client_connect(&options, &client_); });
   }
   ~Client() {
@@ -544,13 +554,13 @@ PYBIND11_MODULE(_ember, m) {
         "The gradient of pool_forward with respect to rows.");
 
   py::class_<Client>(m, "Client")
-      .def(py::init<const std::vector<std::string>&, double, double, double, bool,
-                    const std::string&, const std::string&, const std::string&,
-                    const std::string&, const std::string&>(),
-           py::arg("shards"), py::arg("rpc_timeout_s"), py::arg("connect_timeout_s"),
-           py::arg("retry_budget_s"), py::arg("tls") = false, py::arg("tls_ca") = "",
-           py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_server_name") = "",
-           py::arg("auth_token") = "")
+      .def(py::init<const std::vector<std::string>&, const std::string&, const std::string&, double,
+                    double, double, bool, const std::string&, const std::string&,
+                    const std::string&, const std::string&, const std::string&>(),
+           py::arg("shards"), py::arg("inproc_checkpoint_dir"), py::arg("inproc_restore_from"),
+           py::arg("rpc_timeout_s"), py::arg("connect_timeout_s"), py::arg("retry_budget_s"),
+           py::arg("tls") = false, py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+           py::arg("tls_key") = "", py::arg("tls_server_name") = "", py::arg("auth_token") = "")
       .def_property_readonly("shard_count", &Client::shard_count)
       .def("_create_table_json", &Client::CreateTableJson)
       .def("_list_tables_json", &Client::ListTablesJson)

@@ -1,5 +1,6 @@
 // Early fetch at s = 0 (client/early_fetch.h) against real ember-server
-// processes on 127.0.0.1: every step's rows are bit-identical to plain
+// processes on 127.0.0.1 and against shards in the test's process (one
+// suite over both channels, tests/client/shard_way.h): every step's rows are bit-identical to plain
 // s = 0 (the same training with early_fetch off, and a lookup issued at the
 // step's Wait), for every optimizer and storage dtype, one pipeline and a
 // node of merged pipelines, over 300 steps; tables whose rows can change
@@ -18,6 +19,7 @@
 #include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 #include "gtest/gtest.h"
+#include "tests/client/shard_way.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -83,22 +85,41 @@ struct RunOptions {
   bool check_against_lookup = true;
 };
 
-class EarlyFetchTest : public ::testing::Test {
+class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> shards = StartCluster(2);
-    ASSERT_OK(shards);
-    shards_ = new std::vector<std::unique_ptr<ServerProcess>>(std::move(*shards));
-    ClientOptions o;
-    for (const auto& s : *shards_) o.shards.push_back(s->address());
-    o.rpc_timeout = absl::Seconds(30);
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
-    ASSERT_OK(client);
-    client_ = client->release();
+  // One cluster per channel for the whole suite: shard servers, or shards
+  // in this process.
+  void SetUp() override {
+    if (GetParam() == ShardWay::kServers) {
+      if (server_client_ == nullptr) {
+        absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> shards = StartCluster(2);
+        ASSERT_OK(shards);
+        shards_ = new std::vector<std::unique_ptr<ServerProcess>>(std::move(*shards));
+        ClientOptions o;
+        for (const auto& s : *shards_) o.shards.push_back(s->address());
+        o.rpc_timeout = absl::Seconds(30);
+        absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
+        ASSERT_OK(client);
+        server_client_ = client->release();
+      }
+      client_ = server_client_;
+    } else {
+      if (in_process_client_ == nullptr) {
+        ClientOptions o = InProcessOptionsFor(2);
+        o.rpc_timeout = absl::Seconds(30);
+        absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
+        ASSERT_OK(client);
+        in_process_client_ = client->release();
+      }
+      client_ = in_process_client_;
+    }
   }
   static void TearDownTestSuite() {
-    delete client_;
+    delete server_client_;
+    delete in_process_client_;
     delete shards_;
+    server_client_ = in_process_client_ = client_ = nullptr;
+    shards_ = nullptr;
   }
 
   // Trains kSteps steps; returns what each rank (or worker) saw, and fills
@@ -240,7 +261,9 @@ class EarlyFetchTest : public ::testing::Test {
   }
 
   static std::vector<std::unique_ptr<ServerProcess>>* shards_;
-  static Client* client_;
+  static Client* server_client_;
+  static Client* in_process_client_;
+  static Client* client_;  // the running test's
 
  public:
   static absl::Status RunForTest(const RunOptions& ro, std::vector<PipelineStats>* stats) {
@@ -248,9 +271,11 @@ class EarlyFetchTest : public ::testing::Test {
   }
 };
 std::vector<std::unique_ptr<ServerProcess>>* EarlyFetchTest::shards_ = nullptr;
+Client* EarlyFetchTest::server_client_ = nullptr;
+Client* EarlyFetchTest::in_process_client_ = nullptr;
 Client* EarlyFetchTest::client_ = nullptr;
 
-TEST_F(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithOnePipeline) {
+TEST_P(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithOnePipeline) {
   for (v1::TableConfig config : EveryOptimizerAndDtype(kDim)) {
     SCOPED_TRACE(config.name());
     const std::vector<PipelineStats> stats =
@@ -264,7 +289,7 @@ TEST_F(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithOnePipel
   }
 }
 
-TEST_F(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithMergedPipelines) {
+TEST_P(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithMergedPipelines) {
   for (v1::TableConfig config : EveryOptimizerAndDtype(kDim)) {
     SCOPED_TRACE(config.name());
     const std::vector<PipelineStats> stats =
@@ -277,7 +302,7 @@ TEST_F(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithMergedPi
   }
 }
 
-TEST_F(EarlyFetchTest, TablesWithCapacityOrAdmissionAreFetchedAfterThePushAndStayExact) {
+TEST_P(EarlyFetchTest, TablesWithCapacityOrAdmissionAreFetchedAfterThePushAndStayExact) {
   // The lookups at Wait would count as accesses (eviction scores,
   // admission counts) at other moments in the two runs: compare the runs.
   v1::TableConfig capacity = AdagradTable("lru", kDim);
@@ -306,7 +331,7 @@ TEST_F(EarlyFetchTest, TablesWithCapacityOrAdmissionAreFetchedAfterThePushAndSta
   }
 }
 
-TEST_F(EarlyFetchTest, TablesWithTtlAreFetchedAfterThePush) {
+TEST_P(EarlyFetchTest, TablesWithTtlAreFetchedAfterThePush) {
   // Expiry runs on the shard's timer, so two runs cannot be compared step
   // for step; the rows come from the lookup after the push, as plain s = 0.
   v1::TableConfig ttl = AdagradTable("ttl", kDim);
@@ -344,16 +369,19 @@ void ExpectTwoWorkersFetchOnlyChangedRows(const std::string& table, int ranks,
   }
 }
 
-TEST_F(EarlyFetchTest, TwoWorkersFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
+TEST_P(EarlyFetchTest, TwoWorkersFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
   ASSERT_OK(client_->CreateTable(AdagradTable("two_workers", kDim)));
   ExpectTwoWorkersFetchOnlyChangedRows("two_workers", /*ranks=*/1, /*first_worker_id=*/10);
 }
 
-TEST_F(EarlyFetchTest,
+TEST_P(EarlyFetchTest,
        TwoMergedNodesFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
   ASSERT_OK(client_->CreateTable(AdagradTable("two_nodes", kDim)));
   ExpectTwoWorkersFetchOnlyChangedRows("two_nodes", /*ranks=*/2, /*first_worker_id=*/20);
 }
+
+INSTANTIATE_TEST_SUITE_P(BothChannels, EarlyFetchTest,
+                         ::testing::Values(ShardWay::kServers, ShardWay::kInProcess), ShardWayName);
 
 }  // namespace
 }  // namespace ember::testing

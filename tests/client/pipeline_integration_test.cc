@@ -1,6 +1,8 @@
-// The client library against real ember-server processes on 127.0.0.1:
-// training through StepPipeline matches a single-process reference, SSP
-// holds over the wire, keys are deduplicated and routed, and a shard that is
+// The client library against real ember-server processes on 127.0.0.1 and
+// against shards in the test's own process, one suite over both channels
+// (ShardWay): training through StepPipeline matches a single-process
+// reference, SSP holds, keys are deduplicated and routed, and the same
+// errors come back either way. Over the servers only: a shard that is
 // killed and restarted mid-run costs retries, not a hang or a crash.
 #include <signal.h>
 #if EMBER_HAVE_CUDA
@@ -10,27 +12,28 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <random>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "ember/client.h"
 #include "client/internal/step_merger_impl.h"
+#include "common/status_macros.h"
+#include "ember/client.h"
+#include "ember/device.h"
 #include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 #include "ember/trainer_metrics.h"
-#include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "ember/device.h"
 #include "kernels/embedding_store.h"
 #include "kernels/store_factory.h"
 #include "kernels/table_config_proto.h"
+#include "tests/client/shard_way.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -187,13 +190,19 @@ void ExpectRowsMatch(Client& client, ReferenceModel& reference, uint64_t key_bas
   }
 }
 
-class PipelineIntegrationTest : public ::testing::Test {
+class PipelineIntegrationTest : public ::testing::TestWithParam<ShardWay> {
  protected:
   void StartShards(int n) {
-    absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> shards = StartCluster(n);
-    ASSERT_OK(shards);
-    shards_ = std::move(*shards);
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(OptionsFor(shards_));
+    ClientOptions options;
+    if (GetParam() == ShardWay::kServers) {
+      absl::StatusOr<std::vector<std::unique_ptr<ServerProcess>>> shards = StartCluster(n);
+      ASSERT_OK(shards);
+      shards_ = std::move(*shards);
+      options = OptionsFor(shards_);
+    } else {
+      options = InProcessOptionsFor(n);
+    }
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     ASSERT_OK(client);
     client_ = std::move(*client);
     ASSERT_OK(client_->CreateTable(SmallTable("a", 1)));
@@ -279,7 +288,15 @@ class PipelineIntegrationTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASingleProcessReference) {
+INSTANTIATE_TEST_SUITE_P(BothChannels, PipelineIntegrationTest,
+                         ::testing::Values(ShardWay::kServers, ShardWay::kInProcess), ShardWayName);
+
+// What only shard servers have: addresses, processes that die and restart.
+class PipelineOnServersTest : public PipelineIntegrationTest {};
+INSTANTIATE_TEST_SUITE_P(Servers, PipelineOnServersTest, ::testing::Values(ShardWay::kServers),
+                         ShardWayName);
+
+TEST_P(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASingleProcessReference) {
   ASSERT_NO_FATAL_FAILURE(StartShards(3));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, 0);
   ASSERT_OK(pipe);
@@ -291,7 +308,7 @@ TEST_F(PipelineIntegrationTest, SynchronousTrainingOnThreeShardsMatchesASinglePr
   ExpectRowsMatch(*client_, reference, 0);
 }
 
-TEST_F(PipelineIntegrationTest, PushingTheWaitViewItselfBackAsGradientsMatchesTheReference) {
+TEST_P(PipelineIntegrationTest, PushingTheWaitViewItselfBackAsGradientsMatchesTheReference) {
   // Gradients written over the view are pushed from where they are, without
   // a copy, and the buffers are reused by later steps: each step's push
   // must still carry its own gradients.
@@ -306,7 +323,8 @@ TEST_F(PipelineIntegrationTest, PushingTheWaitViewItselfBackAsGradientsMatchesTh
   ExpectRowsMatch(*client_, reference, 0);
 }
 
-TEST_F(PipelineIntegrationTest, PrefetchFromAnInputThreadWhileAnotherWaitsAndPushesMatchesTheReference) {
+TEST_P(PipelineIntegrationTest,
+       PrefetchFromAnInputThreadWhileAnotherWaitsAndPushesMatchesTheReference) {
   // The contract ember.tf relies on: an input pipeline's thread prefetches
   // while the training thread waits and pushes (the C ABI's blocking
   // prefetch, modelled here with two counters).
@@ -356,7 +374,7 @@ TEST_F(PipelineIntegrationTest, PrefetchFromAnInputThreadWhileAnotherWaitsAndPus
   ExpectRowsMatch(*client_, reference, 0);
 }
 
-TEST_F(PipelineIntegrationTest, TwoSynchronousWorkersInParallelEachMatchTheirReference) {
+TEST_P(PipelineIntegrationTest, TwoSynchronousWorkersInParallelEachMatchTheirReference) {
   ASSERT_NO_FATAL_FAILURE(StartShards(2));
   constexpr int kSteps = 150;
   const uint64_t bases[2] = {0, 1'000'000};  // disjoint keys: each worker's result is deterministic
@@ -436,7 +454,7 @@ void RunStalenessCheck(Client* client, int staleness, int* stale_reads) {
   *stale_reads = stale.load();
 }
 
-TEST_F(PipelineIntegrationTest, StalenessBoundHoldsOverTheWireWithPrefetch) {
+TEST_P(PipelineIntegrationTest, StalenessBoundHoldsOverTheWireWithPrefetch) {
   ASSERT_NO_FATAL_FAILURE(StartShards(2));
   for (int s : {0, 1}) {
     ASSERT_OK(client_->CreateTable(CountingTable(absl::StrCat("counter", s), 1)));
@@ -448,7 +466,7 @@ TEST_F(PipelineIntegrationTest, StalenessBoundHoldsOverTheWireWithPrefetch) {
   }
 }
 
-TEST_F(PipelineIntegrationTest, KeysAreDeduplicatedPerTableBeforeTheNetwork) {
+TEST_P(PipelineIntegrationTest, KeysAreDeduplicatedPerTableBeforeTheNetwork) {
   ASSERT_NO_FATAL_FAILURE(StartShards(2));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, -1);
   ASSERT_OK(pipe);
@@ -468,7 +486,7 @@ TEST_F(PipelineIntegrationTest, KeysAreDeduplicatedPerTableBeforeTheNetwork) {
   EXPECT_EQ(*client_->StoredRows("b"), 1u);
 }
 
-TEST_F(PipelineIntegrationTest, PipelineRejectsOutOfOrderStepsAndBadGradientsChangingNothing) {
+TEST_P(PipelineIntegrationTest, PipelineRejectsOutOfOrderStepsAndBadGradientsChangingNothing) {
   ASSERT_NO_FATAL_FAILURE(StartShards(2));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = NewPipeline(0, -1);
   ASSERT_OK(pipe);
@@ -504,7 +522,7 @@ TEST_F(PipelineIntegrationTest, PipelineRejectsOutOfOrderStepsAndBadGradientsCha
   EXPECT_EQ(p.Wait(1).status().code(), absl::StatusCode::kFailedPrecondition) << "closed";
 }
 
-TEST_F(PipelineIntegrationTest, UnknownTableAndMisorderedShardsAreRefusedWithClearErrors) {
+TEST_P(PipelineOnServersTest, UnknownTableAndMisorderedShardsAreRefusedWithClearErrors) {
   ASSERT_NO_FATAL_FAILURE(StartShards(3));
   absl::StatusOr<std::unique_ptr<StepPipeline>> pipe =
       NewPipeline(0, 0, {{"user", "nope", Combiner::kSum}});
@@ -533,13 +551,13 @@ TEST_F(PipelineIntegrationTest, UnknownTableAndMisorderedShardsAreRefusedWithCle
   EXPECT_NE(s.message().find("misrouted: expected shard 0 of 3"), std::string::npos) << s;
 }
 
-TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHang) {
+TEST_P(PipelineOnServersTest, ShardKilledAndRestartedMidRunCostsRetriesNotAHang) {
   KillAndRestartShardMidRun(/*streams=*/false);
 }
 
 // The same on exchange streams: the streams of the killed shard break while
 // exchanges are in flight, and are replaced.
-TEST_F(PipelineIntegrationTest, ShardKilledAndRestartedMidRunOnStreamsCostsRetriesNotAHang) {
+TEST_P(PipelineOnServersTest, ShardKilledAndRestartedMidRunOnStreamsCostsRetriesNotAHang) {
   KillAndRestartShardMidRun(/*streams=*/true);
 }
 
@@ -553,7 +571,7 @@ size_t Count(const std::string& text, const std::string& what) {
 
 // With metrics too, so that the sanitizer builds run the pipeline's
 // metric updates (the exact values are checked in metrics_integration_test).
-TEST_F(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
+TEST_P(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
   StartShards(2);
   TraceRecorder trace;
   TrainerMetrics metrics;
@@ -740,7 +758,7 @@ void ExpectNodeTrainsLikeOneGpu(const NodeRun& run) {
   }
 }
 
-TEST_F(PipelineIntegrationTest, NodeShuffleFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
+TEST_P(PipelineIntegrationTest, NodeShuffleFetchesEachKeyOncePerNodeAndTrainsLikeOneGpu) {
   StartShards(2);
   // One pipeline per rank, each its own SSP worker, exchanging.
   auto transports = NewInProcessTransports(kNodeRanks);
@@ -765,7 +783,7 @@ TEST_F(PipelineIntegrationTest, NodeShuffleFetchesEachKeyOncePerNodeAndTrainsLik
   ExpectNodeTrainsLikeOneGpu(run);
 }
 
-TEST_F(PipelineIntegrationTest, NodeShuffleWithStalenessOneTrainsEveryStep) {
+TEST_P(PipelineIntegrationTest, NodeShuffleWithStalenessOneTrainsEveryStep) {
   // With s = 1 a step's fetch goes out before the previous step's push: the
   // push must use its own step's routes, not the latest ones.
   StartShards(2);
@@ -825,7 +843,7 @@ void TrainMergedBesideOneGpu(Client* client, StepMergerOptions mo,
   }, run);
 }
 
-TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndTrainsLikeOneGpu) {
+TEST_P(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndTrainsLikeOneGpu) {
   StartShards(2);
   absl::StatusOr<std::unique_ptr<StepMerger>> merger;
   NodeRun run;
@@ -865,7 +883,7 @@ TEST_F(PipelineIntegrationTest, StepMergerSendsOneRequestPerShardPerNodeStepAndT
 // The test above pools from rows copied per rank (dim 4 is below
 // copy_rows_below_bytes); here every row is pooled where it arrived in the
 // shards' answers, as wide rows are.
-TEST_F(PipelineIntegrationTest, StepMergerPoolingRowsInPlaceInTheAnswersTrainsLikeOneGpu) {
+TEST_P(PipelineIntegrationTest, StepMergerPoolingRowsInPlaceInTheAnswersTrainsLikeOneGpu) {
   StartShards(2);
   StepMergerOptions mo;
   mo.copy_rows_below_bytes = 0;
@@ -877,7 +895,7 @@ TEST_F(PipelineIntegrationTest, StepMergerPoolingRowsInPlaceInTheAnswersTrainsLi
   EXPECT_EQ((*merger)->Stats().fetch_rounds, kNodeSteps);
 }
 
-TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNamingTheMissingRank) {
+TEST_P(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNamingTheMissingRank) {
   StartShards(2);
   StepMergerOptions mo;
   mo.ranks = 2;
@@ -917,7 +935,7 @@ TEST_F(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNaming
 
 bool HaveGpu() { return CheckStoreDevice(StoreDevice{StoreDevice::Kind::kCuda, 0}).ok(); }
 
-TEST_F(PipelineIntegrationTest, DevicePipelineNeedsAGpuAndItsOwnWaitAndPush) {
+TEST_P(PipelineIntegrationTest, DevicePipelineNeedsAGpuAndItsOwnWaitAndPush) {
   StartShards(1);
   PipelineOptions o;
   o.features = kFeatures;
@@ -982,7 +1000,7 @@ struct DeviceTrainer {
   std::vector<float*> d_grads;
 };
 
-TEST_F(PipelineIntegrationTest, DevicePipelineRowsAndUpdatesMatchTheHostPipelineBitForBit) {
+TEST_P(PipelineIntegrationTest, DevicePipelineRowsAndUpdatesMatchTheHostPipelineBitForBit) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the device path runs on a GPU machine";
   StartShards(2);
   ASSERT_OK(client_->CreateTable(SmallTable("da", 1)));  // twins of a and b

@@ -1,4 +1,7 @@
-// ember::Client: the trainer's connection to every shard of a cluster.
+// ember::Client: the trainer's connection to every shard of a cluster, the
+// shards being servers (reached over gRPC) or in the trainer's own process
+// (ClientOptions::in_process); the rest of the library sees only the Client,
+// which reaches the shards through one ShardChannel (ember/shard_channel.h).
 //
 // It routes keys with the function the shards check (common/key_hash.h),
 // sends one RPC per shard, to all shards in parallel, with a deadline on
@@ -23,6 +26,7 @@
 #include "absl/types/span.h"
 #include "common/tls.h"
 #include "ember/exchange_answer.h"
+#include "ember/shard_channel.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
 
@@ -30,9 +34,46 @@ namespace ember {
 
 class TrainerMetrics;
 
+// Shards in the trainer's own process (client/in_process_channel.h): the
+// same shard code as ember-server's, called without a network. For a job
+// on one machine with one trainer process; several trainer processes
+// (one per GPU, as PyTorch DDP runs) cannot share them and use shard
+// servers (docs/client.md, "Shards in the trainer's process").
+struct InProcessOptions {
+  // Shards to start; 0: none (the shards are ClientOptions::shards' servers).
+  uint32_t shards = 0;
+  // Where their tables live: "cpu" or "cuda:N".
+  std::string device = "cpu";
+  // Most rows per shard over all its tables (ShardOptions::max_rows); 0: no limit.
+  uint64_t max_rows = 0;
+  // Shard i checkpoints into InProcessCheckpointDir(checkpoint_dir, i), the
+  // format of ember-server's --checkpoint_dir; empty: no checkpoints.
+  std::string checkpoint_dir;
+  // Time between periodic checkpoints; zero: only Client::Checkpoint.
+  absl::Duration checkpoint_interval = absl::ZeroDuration();
+  // "latest" (each shard's newest checkpoint that verifies; none is fine)
+  // or a cluster checkpoint's id under checkpoint_dir; empty: start empty.
+  std::string restore_from;
+};
+
+// Shard `shard`'s checkpoint directory under an in-process job's
+// `checkpoint_dir`: "<checkpoint_dir>/shard-<shard>". A shard server given
+// it as --checkpoint_dir restores the in-process shard's checkpoints, and
+// the other way round.
+std::string InProcessCheckpointDir(const std::string& checkpoint_dir, uint32_t shard);
+
+// ClientOptions::shards = {"inproc:N"}: N shards in this process.
+inline constexpr char kInProcessPrefix[] = "inproc:";
+
 struct ClientOptions {
-  // "host:port" of every shard, in shard-index order.
+  // "host:port" of every shard, in shard-index order. The one entry
+  // "inproc:N" stands for in_process.shards = N (the spelling the tools'
+  // --shards flags take).
   std::vector<std::string> shards;
+  // Shards in this process instead of servers (in_process.shards > 0:
+  // `shards` must then be empty or "inproc:N" with the same N). TLS, tokens
+  // and exchange_streams do not apply to them.
+  InProcessOptions in_process;
   // Deadline of each RPC attempt (a lookup's wait for slower workers counts).
   absl::Duration rpc_timeout = absl::Seconds(10);
   // How long Connect waits for every shard to answer GetShardInfo.
@@ -59,22 +100,6 @@ struct ClientOptions {
   absl::Status Validate() const;
 };
 
-// Counters of one Client over all shards; monotonic.
-struct ClientStats {
-  uint64_t rpcs = 0;        // attempts started
-  uint64_t retries = 0;     // attempts that were retries after UNAVAILABLE
-  uint64_t failures = 0;    // calls that returned an error to the caller
-};
-
-// One RPC attempt to one shard, as Exchange reports it (for timelines).
-struct ShardCall {
-  uint32_t shard = 0;
-  int attempt = 0;  // 0: the first; k > 0: the k-th retry after UNAVAILABLE
-  absl::Time start;
-  absl::Time end;
-  absl::StatusCode code = absl::StatusCode::kOk;
-};
-
 // A cluster-wide checkpoint (Client::Checkpoint).
 struct CheckpointOptions {
   // The checkpoint's name on every shard (see CheckpointRequest.id); empty:
@@ -99,17 +124,24 @@ struct ClusterCheckpoint {
 
 class Client {
  public:
-  // Connects to every shard and checks that shard i reports index i of
-  // shards.size() and the same routing function as this client.
+  // Connects to every shard (starts them, for in-process shards) and checks
+  // that shard i reports index i of shards.size() and the same routing
+  // function as this client.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // The same over a channel of the caller's (`options.shards` and
+  // `options.in_process` are not used then; the other fields are).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(std::unique_ptr<ShardChannel> channel,
+                                                         const ClientOptions& options);
   ~Client();
 
   uint32_t shard_count() const;
   const ClientOptions& options() const;
   // The shard that owns `key`.
   uint32_t ShardOf(uint64_t key) const;
-  // "shard 1 (127.0.0.1:5001)", for messages.
+  // "shard 1 (127.0.0.1:5001)", "shard 1 (in-process)", for messages.
   std::string ShardName(uint32_t shard) const;
+  // Whether the shards run in this process.
+  bool in_process() const;
 
   // Creates the table on every shard (idempotent for an identical definition).
   absl::Status CreateTable(const v1::TableConfig& config);
@@ -169,12 +201,13 @@ class Client {
   ClientStats Stats() const;
 
  private:
-  class Impl;
-  explicit Client(std::unique_ptr<Impl> impl);
-  template <typename Responses>
-  absl::Status ExchangeHandedOver(std::vector<std::shared_ptr<const v1::ExchangeRequest>> requests,
-                                  Responses* responses, std::vector<ShardCall>* calls);
-  std::unique_ptr<Impl> impl_;
+  Client(std::unique_ptr<ShardChannel> channel, const ClientOptions& options);
+  absl::Status Exchange(const ExchangeCall& call, std::vector<ExchangeAnswer>* answers,
+                        std::vector<ShardCall>* calls);
+  absl::Status CheckShardCount(absl::string_view method, size_t requests) const;
+
+  const ClientOptions options_;
+  const std::unique_ptr<ShardChannel> channel_;
 };
 
 }  // namespace ember

@@ -43,7 +43,9 @@ EMBER_C_API void ember_free_string(char* s);
 /* --- Client (ember::Client) ------------------------------------------- */
 
 typedef struct {
-  const char* const* shards; /* "host:port" per shard, in shard order */
+  /* "host:port" per shard, in shard order; or the one entry "inproc:N": N
+   * shards in this process (ember::InProcessOptions). */
+  const char* const* shards;
   size_t num_shards;
   double rpc_timeout_s;      /* <= 0: the library's default (10 s) */
   double connect_timeout_s;  /* <= 0: 10 s */
@@ -56,6 +58,10 @@ typedef struct {
   const char* tls_key_file;     /* PEM key of tls_cert_file */
   const char* tls_server_name;  /* name the shards' certificates carry; NULL: the host */
   const char* auth_token;       /* bearer token for --auth_tokens_file shards; NULL: none */
+  /* In-process shards' checkpoints (ember::InProcessOptions): directory
+   * (NULL: none) and "latest" or an id to restore (NULL: start empty). */
+  const char* inproc_checkpoint_dir;
+  const char* inproc_restore_from;
 } ember_client_options;
 
 EMBER_C_API int ember_client_connect(const ember_client_options* options, ember_client** out);

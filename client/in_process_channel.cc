@@ -1,0 +1,222 @@
+#include "client/in_process_channel.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "ember/trainer_metrics.h"
+#include "kernels/store_factory.h"
+#include "server/shard_host.h"
+
+namespace ember {
+namespace {
+
+class InProcessChannel final : public ShardChannel {
+ public:
+  InProcessChannel(const ClientOptions& options, std::vector<std::unique_ptr<ShardHost>> hosts)
+      : options_(options), hosts_(std::move(hosts)) {}
+
+  uint32_t shard_count() const override { return static_cast<uint32_t>(hosts_.size()); }
+  std::string ShardName(uint32_t shard) const override {
+    return absl::StrCat("shard ", shard, " (in-process)");
+  }
+  bool in_process() const override { return true; }
+
+  absl::Status GetShardInfo(absl::Duration, bool,
+                            std::vector<v1::GetShardInfoResponse>* responses) override {
+    return OnShards("GetShardInfo", All(), responses, [](Shard& shard, uint32_t, auto* response) {
+      shard.GetShardInfo(response);
+      // The process's CPU is the trainer's: it would be counted twice.
+      response->clear_process_cpu_seconds();
+      return absl::OkStatus();
+    });
+  }
+  absl::Status CreateTable(absl::Span<const v1::CreateTableRequest> requests,
+                           std::vector<v1::CreateTableResponse>* responses) override {
+    return OnShards("CreateTable", All(), responses, [&](Shard& shard, uint32_t i, auto* response) {
+      return shard.CreateTable(requests[i].config(), response);
+    });
+  }
+  absl::Status ListTables(const std::vector<bool>& active,
+                          std::vector<v1::ListTablesResponse>* responses) override {
+    return OnShards("ListTables", active, responses, [](Shard& shard, uint32_t, auto* response) {
+      shard.ListTables(response);
+      return absl::OkStatus();
+    });
+  }
+  absl::Status Lookup(absl::Span<const v1::LookupRequest> requests, const std::vector<bool>& active,
+                      std::vector<v1::LookupResponse>* responses) override {
+    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+    return OnShards("Lookup", active, responses, [&](Shard& shard, uint32_t i, auto* response) {
+      return shard.Lookup(requests[i], response, deadline);
+    });
+  }
+  absl::Status Push(absl::Span<const v1::PushRequest> requests,
+                    std::vector<v1::PushResponse>* responses) override {
+    return OnShards("Push", All(), responses, [&](Shard& shard, uint32_t i, auto* response) {
+      return shard.Push(requests[i], response);
+    });
+  }
+  absl::Status Exchange(const ExchangeCall& call, std::vector<ExchangeAnswer>* answers,
+                        std::vector<ShardCall>* calls) override;
+  absl::Status RegisterWorker(absl::Span<const v1::RegisterWorkerRequest> requests,
+                              std::vector<v1::RegisterWorkerResponse>* responses) override {
+    return OnShards("RegisterWorker", All(), responses,
+                    [&](Shard& shard, uint32_t i, auto* response) {
+                      return shard.RegisterWorker(requests[i], response);
+                    });
+  }
+  absl::Status UnregisterWorker(absl::Span<const v1::UnregisterWorkerRequest> requests,
+                                std::vector<v1::UnregisterWorkerResponse>* responses) override {
+    return OnShards("UnregisterWorker", All(), responses,
+                    [&](Shard& shard, uint32_t i, auto* response) {
+                      shard.UnregisterWorker(requests[i], response);
+                      return absl::OkStatus();
+                    });
+  }
+  absl::Status Checkpoint(absl::Span<const v1::CheckpointRequest> requests, absl::Duration timeout,
+                          std::vector<v1::CheckpointResponse>* responses) override;
+  ClientStats Stats() const override { return ClientStats{calls_.load(), 0, failures_.load()}; }
+
+ private:
+  std::vector<bool> All() const { return std::vector<bool>(shard_count(), true); }
+
+  // Shard i's failure of `method`, as the gRPC channel words it.
+  absl::Status Failed(uint32_t shard, absl::string_view method, const absl::Status& status) {
+    ++failures_;
+    return absl::Status(status.code(),
+                        absl::StrCat(ShardName(shard), " ", method, ": ", status.message()));
+  }
+
+  // Runs `call(shard, i, &(*responses)[i])` for every shard i with
+  // active[i], in order, each recorded in the trainer metrics (if any);
+  // the first failure ends the call.
+  template <typename Response, typename Call>
+  absl::Status OnShards(absl::string_view method, const std::vector<bool>& active,
+                        std::vector<Response>* responses, Call call) {
+    responses->resize(shard_count());
+    for (uint32_t i = 0; i < shard_count(); ++i) {
+      if (!active[i]) continue;
+      (*responses)[i].Clear();
+      ++calls_;
+      const absl::Time start = absl::Now();
+      const absl::Status status = call(hosts_[i]->shard(), i, &(*responses)[i]);
+      Record(i, method, status.code(), start, absl::Now());
+      if (!status.ok()) return Failed(i, method, status);
+    }
+    return absl::OkStatus();
+  }
+
+  void Record(uint32_t shard, absl::string_view method, absl::StatusCode code, absl::Time start,
+              absl::Time end) {
+    if (options_.metrics != nullptr) {
+      options_.metrics->RecordRpc(shard, method, code, absl::ToDoubleSeconds(end - start));
+    }
+  }
+
+  const ClientOptions options_;
+  std::vector<std::unique_ptr<ShardHost>> hosts_;
+  std::atomic<uint64_t> calls_{0}, failures_{0};
+};
+
+absl::Status InProcessChannel::Exchange(const ExchangeCall& call,
+                                        std::vector<ExchangeAnswer>* answers,
+                                        std::vector<ShardCall>* calls) {
+  const uint32_t n = shard_count();
+  answers->resize(n);
+  std::vector<absl::Status> statuses(n);
+  std::vector<absl::Time> starts(n);
+  std::vector<bool> active(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const v1::ExchangeRequest* r = call.requests[i].get();
+    active[i] = r != nullptr && (r->has_push() || r->has_lookup() || r->has_peek());
+  }
+  // Every push first: a lookup below may wait for another worker whose own
+  // exchange is past its pushes only once this one's are applied.
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!active[i]) continue;
+    (*answers)[i].Clear();
+    ++calls_;
+    starts[i] = absl::Now();
+    statuses[i] =
+        hosts_[i]->shard().ExchangePush(*call.requests[i], (*answers)[i].mutable_message());
+  }
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!active[i]) continue;
+    if (statuses[i].ok()) {
+      statuses[i] = hosts_[i]->shard().ExchangeLookup(*call.requests[i],
+                                                      (*answers)[i].mutable_message(), deadline);
+    }
+    const absl::Time end = absl::Now();
+    Record(i, "Exchange", statuses[i].code(), starts[i], end);
+    if (calls != nullptr) calls->push_back({i, 0, starts[i], end, statuses[i].code()});
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    if (active[i] && !statuses[i].ok()) return Failed(i, "Exchange", statuses[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessChannel::Checkpoint(absl::Span<const v1::CheckpointRequest> requests,
+                                          absl::Duration timeout,
+                                          std::vector<v1::CheckpointResponse>* responses) {
+  // All at once: each shard holds later pushes until its own cut, and a
+  // worker held on one shard must not keep another shard from its cut.
+  const uint32_t n = shard_count();
+  responses->assign(n, {});
+  std::vector<absl::Status> statuses(n);
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::thread> threads;
+  for (uint32_t i = 0; i < n; ++i) {
+    ++calls_;
+    threads.emplace_back([&, i] {
+      statuses[i] = hosts_[i]->checkpointer().Checkpoint(requests[i], deadline, &(*responses)[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!statuses[i].ok()) return Failed(i, "Checkpoint", statuses[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckInProcessDevice(const std::string& device) {
+  absl::StatusOr<StoreDevice> parsed = ParseStoreDevice(device);
+  if (parsed.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("in_process.device: ", parsed.status().message()));
+}
+
+absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOptions& options) {
+  const InProcessOptions& in = options.in_process;
+  EMBER_ASSIGN_OR_RETURN(const StoreDevice device, ParseStoreDevice(in.device));
+  std::vector<std::unique_ptr<ShardHost>> hosts;
+  for (uint32_t i = 0; i < in.shards; ++i) {
+    ShardHostOptions host;
+    host.shard.shard_index = i;
+    host.shard.shard_count = in.shards;
+    host.shard.max_rows = in.max_rows;
+    host.shard.device = device;
+    if (!in.checkpoint_dir.empty()) {
+      host.checkpoint.directory = InProcessCheckpointDir(in.checkpoint_dir, i);
+      host.checkpoint.interval = in.checkpoint_interval;
+    }
+    if (in.restore_from == "latest") {
+      host.restore_from = "latest";
+    } else if (!in.restore_from.empty()) {
+      host.restore_from = absl::StrCat(host.checkpoint.directory, "/", in.restore_from);
+    }
+    absl::StatusOr<std::unique_ptr<ShardHost>> started = ShardHost::Start(host);
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("in-process shard ", i, ": ", started.status().message()));
+    }
+    hosts.push_back(std::move(*started));
+  }
+  return std::make_unique<InProcessChannel>(options, std::move(hosts));
+}
+
+}  // namespace ember
