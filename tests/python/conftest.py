@@ -9,7 +9,11 @@ def cluster():
         yield c
 
 
-@pytest.fixture(scope="module")
-def client(cluster):
+@pytest.fixture(scope="module", params=["servers", "inproc"])
+def client(request):
+    """Every test that takes a client runs twice: against two ember-server
+    processes, and against two shards in this process (Client(inproc=2))."""
     import ember
-    return ember.Client(cluster.addresses)
+    if request.param == "servers":
+        return ember.Client(request.getfixturevalue("cluster").addresses)
+    return ember.Client(inproc=2)

@@ -307,3 +307,24 @@ def test_early_fetch_gives_the_rows_of_plain_s0_bit_for_bit(client):
     assert stats[False]["steps_patched"] == 0
     assert stats[True]["steps_patched"] > steps // 2
     assert stats[True]["rows_patched"] > 0 and stats[True]["steps_refetched"] == 0
+
+
+def test_in_process_shards_need_no_server_and_restore_their_checkpoint(tmp_path):
+    keys = np.arange(1, 41, dtype=np.uint64)
+    with pytest.raises(ValueError, match="shards and inproc"):
+        ember.Client(["127.0.0.1:1"], inproc=2)
+    first = ember.Client(inproc=2, inproc_checkpoint_dir=str(tmp_path))
+    assert first.shard_count == 2
+    table = new_table(first, dim=4, lr=1.0, init={"truncated_normal": {"stddev": 0.1}, "seed": 3})
+    offsets = np.arange(len(keys) + 1, dtype=np.int64)
+    with ember.StepPipeline(first, [("f", table)], staleness=0, worker_id=1) as pipe:
+        for step in range(3):
+            pipe.prefetch(step, [(offsets, keys)])
+            pipe.wait(step)
+            pipe.push(step, [np.full((len(keys), 4), 0.5, dtype=np.float32)])
+        pipe.flush()
+    trained = first.lookup_rows(table, keys)
+    first.checkpoint(id="py-ckpt")
+    assert (tmp_path / "shard-1" / "py-ckpt" / "MANIFEST").exists()
+    again = ember.Client(inproc=2, inproc_checkpoint_dir=str(tmp_path), inproc_restore_from="py-ckpt")
+    np.testing.assert_array_equal(again.lookup_rows(table, keys), trained)
