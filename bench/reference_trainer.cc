@@ -37,6 +37,9 @@
 
 ABSL_FLAG(std::string, shards, "127.0.0.1:50051",
           "Comma-separated shard addresses, in shard order; inproc:N: N shards in this process.");
+ABSL_FLAG(uint32_t, inproc_threads, 0,
+          "With --shards=inproc:N: 0 runs each call's shards on the calling thread, one after "
+          "another; T > 0 runs them at once on a pool keeping T threads.");
 ABSL_FLAG(std::string, pipelines, "4",
           "Step pipelines (simulated GPUs), one thread each; a comma-separated list runs each.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension of every table.");
@@ -356,6 +359,7 @@ RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker
 int Run() {
   ClientOptions options;
   options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
+  options.in_process.threads = absl::GetFlag(FLAGS_inproc_threads);
   options.metrics = Metrics();
   options.exchange_streams = absl::GetFlag(FLAGS_exchange_streams);
   options.tls = ClientTlsFromFlags();  // --tls, --tls_ca, ... (common/tls_flags.h)

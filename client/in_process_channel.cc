@@ -3,11 +3,14 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/synchronization/blocking_counter.h"
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "ember/trainer_metrics.h"
 #include "kernels/store_factory.h"
 #include "server/shard_host.h"
+#include "server/work_pool.h"
 
 namespace ember {
 namespace {
@@ -15,7 +18,14 @@ namespace {
 class InProcessChannel final : public ShardChannel {
  public:
   InProcessChannel(const ClientOptions& options, std::vector<std::unique_ptr<ShardHost>> hosts)
-      : options_(options), hosts_(std::move(hosts)) {}
+      : options_(options), hosts_(std::move(hosts)) {
+    if (options.in_process.threads > 0) {
+      pool_ = std::make_unique<WorkPool>(static_cast<int>(options.in_process.threads));
+    }
+  }
+  ~InProcessChannel() override {
+    if (pool_) pool_->Stop();
+  }
 
   uint32_t shard_count() const override { return static_cast<uint32_t>(hosts_.size()); }
   std::string ShardName(uint32_t shard) const override {
@@ -60,6 +70,9 @@ class InProcessChannel final : public ShardChannel {
   }
   absl::Status Exchange(const ExchangeCall& call, std::vector<ExchangeAnswer>* answers,
                         std::vector<ShardCall>* calls) override;
+  // Exchange with the shards at once, on the pool and the calling thread.
+  absl::Status ExchangeOnPool(const ExchangeCall& call, std::vector<ExchangeAnswer>* answers,
+                              std::vector<ShardCall>* calls);
   absl::Status RegisterWorker(absl::Span<const v1::RegisterWorkerRequest> requests,
                               std::vector<v1::RegisterWorkerResponse>* responses) override {
     return OnShards("RegisterWorker", All(), responses,
@@ -117,12 +130,14 @@ class InProcessChannel final : public ShardChannel {
 
   const ClientOptions options_;
   std::vector<std::unique_ptr<ShardHost>> hosts_;
+  std::unique_ptr<WorkPool> pool_;  // null: calls run on the calling thread
   std::atomic<uint64_t> calls_{0}, failures_{0};
 };
 
 absl::Status InProcessChannel::Exchange(const ExchangeCall& call,
                                         std::vector<ExchangeAnswer>* answers,
                                         std::vector<ShardCall>* calls) {
+  if (pool_) return ExchangeOnPool(call, answers, calls);
   const uint32_t n = shard_count();
   answers->resize(n);
   std::vector<absl::Status> statuses(n);
@@ -155,6 +170,51 @@ absl::Status InProcessChannel::Exchange(const ExchangeCall& call,
   }
   for (uint32_t i = 0; i < n; ++i) {
     if (active[i] && !statuses[i].ok()) return Failed(i, "Exchange", statuses[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessChannel::ExchangeOnPool(const ExchangeCall& call,
+                                              std::vector<ExchangeAnswer>* answers,
+                                              std::vector<ShardCall>* calls) {
+  const uint32_t n = shard_count();
+  answers->resize(n);
+  std::vector<absl::Status> statuses(n);
+  std::vector<absl::Time> starts(n), ends(n);
+  std::vector<uint32_t> active;
+  for (uint32_t i = 0; i < n; ++i) {
+    const v1::ExchangeRequest* r = call.requests[i].get();
+    if (r != nullptr && (r->has_push() || r->has_lookup() || r->has_peek())) active.push_back(i);
+  }
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  auto run = [&](uint32_t i) {
+    ++calls_;
+    starts[i] = absl::Now();
+    (*answers)[i].Clear();
+    v1::ExchangeResponse* response = (*answers)[i].mutable_message();
+    statuses[i] = hosts_[i]->shard().ExchangePush(*call.requests[i], response);
+    if (statuses[i].ok()) {
+      statuses[i] = hosts_[i]->shard().ExchangeLookup(*call.requests[i], response, deadline);
+    }
+    ends[i] = absl::Now();
+  };
+  if (!active.empty()) {
+    absl::BlockingCounter pending(static_cast<int>(active.size()) - 1);
+    for (size_t j = 1; j < active.size(); ++j) {
+      pool_->Post([&, i = active[j]] {
+        run(i);
+        pending.DecrementCount();
+      });
+    }
+    run(active[0]);
+    pending.Wait();
+  }
+  for (uint32_t i : active) {
+    Record(i, "Exchange", statuses[i].code(), starts[i], ends[i]);
+    if (calls != nullptr) calls->push_back({i, 0, starts[i], ends[i], statuses[i].code()});
+  }
+  for (uint32_t i : active) {
+    if (!statuses[i].ok()) return Failed(i, "Exchange", statuses[i]);
   }
   return absl::OkStatus();
 }

@@ -8,9 +8,12 @@
 //
 // A call runs on the calling thread, shard after shard: an exchange applies
 // its push on every shard first, then runs the lookups (which may wait for
-// other workers' pushes, made on their own threads). A checkpoint runs on
-// every shard at once (each waits for its cut). Nothing is retried: an
-// in-process shard is never UNAVAILABLE.
+// other workers' pushes, made on their own threads). With
+// InProcessOptions::threads, an exchange's shards run at once instead, all
+// but one on a pool (server/work_pool.h), each its push then its lookup, as
+// shard servers run them. A checkpoint runs on every shard at once (each
+// waits for its cut). Nothing is retried: an in-process shard is never
+// UNAVAILABLE.
 //
 // Internal to the client library (Client::Connect builds it for
 // ClientOptions::in_process).

@@ -38,7 +38,7 @@ rule "server/ includes the client library" server \
   '#include "(client|python|bench|tests)/|'"$PUBLIC_CLIENT"
 # The in-process channel is the one place the client holds shards: it
 # includes the shard's host and the engines' device names, nothing else.
-IN_PROCESS='^client/in_process_channel\.cc:[0-9]+:#include "(server/shard_host|kernels/store_factory)\.h"'
+IN_PROCESS='^client/in_process_channel\.cc:[0-9]+:#include "(server/shard_host|server/work_pool|kernels/store_factory)\.h"'
 found=$(grep -rnE "${SOURCES[@]}" '#include "(server|python|bench|tests)/' client 2>/dev/null |
   grep -vE "$IN_PROCESS")
 if [ -n "$found" ]; then

@@ -104,21 +104,24 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
       }
       client_ = server_client_;
     } else {
-      if (in_process_client_ == nullptr) {
-        ClientOptions o = InProcessOptionsFor(2);
+      Client*& cached =
+          GetParam() == ShardWay::kInProcess ? in_process_client_ : in_process_pool_client_;
+      if (cached == nullptr) {
+        ClientOptions o = InProcessOptionsFor(2, GetParam());
         o.rpc_timeout = absl::Seconds(30);
         absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
         ASSERT_OK(client);
-        in_process_client_ = client->release();
+        cached = client->release();
       }
-      client_ = in_process_client_;
+      client_ = cached;
     }
   }
   static void TearDownTestSuite() {
     delete server_client_;
     delete in_process_client_;
+    delete in_process_pool_client_;
     delete shards_;
-    server_client_ = in_process_client_ = client_ = nullptr;
+    server_client_ = in_process_client_ = in_process_pool_client_ = client_ = nullptr;
     shards_ = nullptr;
   }
 
@@ -263,6 +266,7 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
   static std::vector<std::unique_ptr<ServerProcess>>* shards_;
   static Client* server_client_;
   static Client* in_process_client_;
+  static Client* in_process_pool_client_;
   static Client* client_;  // the running test's
 
  public:
@@ -273,6 +277,7 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
 std::vector<std::unique_ptr<ServerProcess>>* EarlyFetchTest::shards_ = nullptr;
 Client* EarlyFetchTest::server_client_ = nullptr;
 Client* EarlyFetchTest::in_process_client_ = nullptr;
+Client* EarlyFetchTest::in_process_pool_client_ = nullptr;
 Client* EarlyFetchTest::client_ = nullptr;
 
 TEST_P(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithOnePipeline) {
@@ -380,8 +385,7 @@ TEST_P(EarlyFetchTest,
   ExpectTwoWorkersFetchOnlyChangedRows("two_nodes", /*ranks=*/2, /*first_worker_id=*/20);
 }
 
-INSTANTIATE_TEST_SUITE_P(BothChannels, EarlyFetchTest,
-                         ::testing::Values(ShardWay::kServers, ShardWay::kInProcess), ShardWayName);
+INSTANTIATE_TEST_SUITE_P(BothChannels, EarlyFetchTest, kEveryShardWay, ShardWayName);
 
 }  // namespace
 }  // namespace ember::testing

@@ -200,7 +200,7 @@ class PipelineIntegrationTest : public ::testing::TestWithParam<ShardWay> {
       shards_ = std::move(*shards);
       options = OptionsFor(shards_);
     } else {
-      options = InProcessOptionsFor(n);
+      options = InProcessOptionsFor(n, GetParam());
     }
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     ASSERT_OK(client);
@@ -288,8 +288,7 @@ class PipelineIntegrationTest : public ::testing::TestWithParam<ShardWay> {
   std::unique_ptr<Client> client_;
 };
 
-INSTANTIATE_TEST_SUITE_P(BothChannels, PipelineIntegrationTest,
-                         ::testing::Values(ShardWay::kServers, ShardWay::kInProcess), ShardWayName);
+INSTANTIATE_TEST_SUITE_P(BothChannels, PipelineIntegrationTest, kEveryShardWay, ShardWayName);
 
 // What only shard servers have: addresses, processes that die and restart.
 class PipelineOnServersTest : public PipelineIntegrationTest {};

@@ -11,20 +11,34 @@
 namespace ember::testing {
 
 enum class ShardWay {
-  kServers,    // ember-server processes on 127.0.0.1, over gRPC
-  kInProcess,  // shards in the test's own process ("inproc:N")
+  kServers,        // ember-server processes on 127.0.0.1, over gRPC
+  kInProcess,      // shards in the test's own process ("inproc:N"), calling thread
+  kInProcessPool,  // the same, each call's shards at once on a pool (InProcessOptions::threads)
 };
 
-// For INSTANTIATE_TEST_SUITE_P: "Servers" or "InProcess".
+inline const auto kEveryShardWay =
+    ::testing::Values(ShardWay::kServers, ShardWay::kInProcess, ShardWay::kInProcessPool);
+
+// For INSTANTIATE_TEST_SUITE_P: "Servers", "InProcess" or "InProcessPool".
 inline std::string ShardWayName(const ::testing::TestParamInfo<ShardWay>& info) {
-  return info.param == ShardWay::kServers ? "Servers" : "InProcess";
+  switch (info.param) {
+    case ShardWay::kServers:
+      return "Servers";
+    case ShardWay::kInProcess:
+      return "InProcess";
+    case ShardWay::kInProcessPool:
+      return "InProcessPool";
+  }
+  return "?";
 }
 
-// A client's options for `n` shards in this process.
-inline ClientOptions InProcessOptionsFor(int n) {
+// A client's options for `n` shards in this process; `way` kInProcessPool
+// runs their calls on a pool of 2 threads.
+inline ClientOptions InProcessOptionsFor(int n, ShardWay way = ShardWay::kInProcess) {
   ClientOptions o;
   o.shards = {absl::StrCat(kInProcessPrefix, n)};
   o.rpc_timeout = absl::Seconds(20);
+  if (way == ShardWay::kInProcessPool) o.in_process.threads = 2;
   return o;
 }
 

@@ -44,6 +44,10 @@ struct InProcessOptions {
   uint32_t shards = 0;
   // Where their tables live: "cpu" or "cuda:N".
   std::string device = "cpu";
+  // 0: a call runs on the calling thread, shard after shard. N > 0: a pool
+  // keeping N threads runs the shards of one call at once (the calling
+  // thread runs one of them), as shard servers would.
+  uint32_t threads = 0;
   // Most rows per shard over all its tables (ShardOptions::max_rows); 0: no limit.
   uint64_t max_rows = 0;
   // Shard i checkpoints into InProcessCheckpointDir(checkpoint_dir, i), the
