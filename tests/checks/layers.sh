@@ -64,7 +64,7 @@ SHARD_CORE=$(sed -n '/^add_library(ember_shard /,/)/p' server/CMakeLists.txt |
 for f in $SHARD_CORE; do
   for src in server/$f.cc server/$f.h; do
     [ -f "$src" ] || continue
-    if grep -nE '#include [<"](grpc|grpcpp)/|#include "server/(server|[a-z_]*service|grpc_status|token_auth|inflight_limit|work_pool|health_check|received_exchange|shard_health)\.h"' "$src" |
+    if grep -nE '#include [<"](grpc|grpcpp)/|#include "server/(server|[a-z_]*service|grpc_status|token_auth|inflight_limit|health_check|received_exchange|shard_health)\.h"' "$src" |
         sed "s|^|  $src:|" | grep .; then
       echo "layer break: the shard core ($src) includes gRPC or the server around it"
       breaks=$((breaks + 1))
