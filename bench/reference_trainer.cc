@@ -37,9 +37,9 @@
 
 ABSL_FLAG(std::string, shards, "127.0.0.1:50051",
           "Comma-separated shard addresses, in shard order; inproc:N: N shards in this process.");
-ABSL_FLAG(uint32_t, inproc_threads, 0,
-          "With --shards=inproc:N: 0 runs each call's shards on the calling thread, one after "
-          "another; T > 0 runs them at once on a pool keeping T threads.");
+ABSL_FLAG(uint32_t, inproc_threads, ember::InProcessOptions().threads,
+          "With --shards=inproc:N: T > 0 runs an exchange's shards at once on a pool keeping T "
+          "threads; 0 runs each call's shards on the calling thread, one after another.");
 ABSL_FLAG(std::string, pipelines, "4",
           "Step pipelines (simulated GPUs), one thread each; a comma-separated list runs each.");
 ABSL_FLAG(int, dim, 8, "Embedding dimension of every table.");

@@ -12,8 +12,8 @@ namespace ember::testing {
 
 enum class ShardWay {
   kServers,        // ember-server processes on 127.0.0.1, over gRPC
-  kInProcess,      // shards in the test's own process ("inproc:N"), calling thread
-  kInProcessPool,  // the same, each call's shards at once on a pool (InProcessOptions::threads)
+  kInProcess,      // shards in the test's own process ("inproc:N"), on the calling thread
+  kInProcessPool,  // the same, an exchange's shards at once on a pool (the default)
 };
 
 inline const auto kEveryShardWay =
@@ -32,13 +32,13 @@ inline std::string ShardWayName(const ::testing::TestParamInfo<ShardWay>& info) 
   return "?";
 }
 
-// A client's options for `n` shards in this process; `way` kInProcessPool
-// runs their calls on a pool of 2 threads.
+// A client's options for `n` shards in this process; `way` kInProcess runs
+// their calls on the calling thread, kInProcessPool on a pool keeping 2.
 inline ClientOptions InProcessOptionsFor(int n, ShardWay way = ShardWay::kInProcess) {
   ClientOptions o;
   o.shards = {absl::StrCat(kInProcessPrefix, n)};
   o.rpc_timeout = absl::Seconds(20);
-  if (way == ShardWay::kInProcessPool) o.in_process.threads = 2;
+  o.in_process.threads = way == ShardWay::kInProcessPool ? 2 : 0;
   return o;
 }
 
