@@ -46,16 +46,11 @@ echo "Medians over $ROUNDS rounds (CPU: trainer and shards, ms per pipeline-step
 echo "efficiency at 1 ms of compute: no-embedding step time / step time):"
 echo "| dim | way | CPU ms per pipeline-step | vs servers | efficiency at 1 ms |"
 echo "| --- | --- | --- | --- | --- |"
-awk -F'|' '
+awk -F'|' -f bench/median.awk -f /dev/stdin "$OUT" <<'AWK'
   { for (i = 2; i <= 17; i++) gsub(/^ +| +$/, "", $i)
     key = $3 "|" $2
     if (!(key in seen)) { seen[key] = 1; order[++n] = key }
     if ($5 == "0 ms") cpu[key, ++nc[key]] = $17 + 0; else eff[key, ++ne[key]] = $11 + 0 }
-  function median(a, k, c,   i, j, t, v) {
-    for (i = 1; i <= c; i++) v[i] = a[k, i]
-    for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
-    return c % 2 ? v[(c + 1) / 2] : (v[c / 2] + v[c / 2 + 1]) / 2
-  }
   END {
     for (i = 1; i <= n; i++) {
       split(order[i], f, "|")
@@ -64,4 +59,5 @@ awk -F'|' '
       printf "| %s | %s | %.3f | %.2fx | %.3f |\n", f[1], f[2], c, (s > 0 ? c / s : 0),
              median(eff, order[i], ne[order[i]])
     }
-  }' "$OUT"
+  }
+AWK

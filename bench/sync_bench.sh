@@ -32,17 +32,12 @@ echo
 echo "Medians over $ROUNDS rounds (efficiency: no-embedding step time / step time):"
 echo "| staleness | pipelines | compute | mode | efficiency | exposed wait ms mean |"
 echo "| --- | --- | --- | --- | --- | --- |"
-awk -F'|' '
+awk -F'|' -f bench/median.awk -f /dev/stdin "$OUT" <<'AWK'
   { gsub(/^ +| +$/, "", $2); gsub(/^ +| +$/, "", $3); gsub(/^ +| +$/, "", $4); gsub(/^ +| +$/, "", $5)
     if ($5 == "no embeddings" || $5 == "prefetch off") next
     key = $2 "|" $3 "|" $4 "|" $5
     if (!(key in n)) order[++keys] = key
     eff[key, ++n[key]] = $10 + 0; wait[key, n[key]] = $8 + 0 }
-  function median(a, k, c,   i, j, t, v) {
-    for (i = 1; i <= c; i++) v[i] = a[k, i]
-    for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
-    return c % 2 ? v[(c + 1) / 2] : (v[c / 2] + v[c / 2 + 1]) / 2
-  }
   END {
     for (i = 1; i <= keys; i++) {
       split(order[i], f, "|")
@@ -50,4 +45,5 @@ awk -F'|' '
              median(eff, order[i], n[order[i]]),
              f[4] ~ /lockstep/ ? "-" : sprintf("%.3f", median(wait, order[i], n[order[i]]))
     }
-  }' "$OUT"
+  }
+AWK
