@@ -132,7 +132,9 @@ struct Sample {
 };
 
 // CPU seconds of this process plus every shard (GetShardInfo); -1 if unknown.
+// In-process shards' CPU is this process's.
 double ClusterCpuSeconds(Client& client) {
+  if (client.in_process()) return ProcessCpuSeconds();
   absl::StatusOr<std::vector<v1::GetShardInfoResponse>> infos = client.ShardInfos();
   if (!infos.ok()) return -1;
   double cpu = ProcessCpuSeconds();
@@ -481,10 +483,14 @@ int Run() {
                   node ? " merged" : "", name,
                   s.keys_per_s, s.unique_per_s, s.mb_per_s, s.p50, s.p99, s.p999, cpu.c_str());
     };
+    // In-process shards: the same calls, without a network.
+    const bool local = (*client)->in_process();
     const Summary el = Summarize(ember_lookup);
-    print("Ember Lookup (gRPC)", el);
+    print(local ? "Ember Lookup (in-process shards)" : "Ember Lookup (gRPC)", el);
     const Summary es = Summarize(ember_stream);
-    print("Ember lookup on ExchangeStream", es);
+    print(local ? "Ember lookup as an Exchange (in-process shards)"
+                : "Ember lookup on ExchangeStream",
+          es);
     if (!ember_tls.empty()) {
       const Summary ts = Summarize(ember_tls);
       print("Ember Lookup over TLS (second cluster)", ts);
@@ -492,7 +498,7 @@ int Run() {
                   node ? " merged" : "", ts.keys_per_s / el.keys_per_s,
                   ts.unique_per_s / el.unique_per_s);
     }
-    print("Ember Push (gRPC)", Summarize(ember_push));
+    print(local ? "Ember Push (in-process shards)" : "Ember Push (gRPC)", Summarize(ember_push));
     if (!redis.empty()) {
       const Summary rs = Summarize(redis);
       print("Redis MGET", rs);

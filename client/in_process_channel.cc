@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ember/trainer_metrics.h"
 #include "kernels/store_factory.h"
@@ -16,13 +17,21 @@ namespace {
 
 class InProcessChannel final : public ShardChannel {
  public:
-  InProcessChannel(const ClientOptions& options, std::vector<std::unique_ptr<ShardHost>> hosts)
-      : options_(options), hosts_(std::move(hosts)) {
+  // `registries[i]` (empty without metrics) holds shard i's series; they
+  // are exposed with the trainer's, labelled shard="i", while the channel lives.
+  InProcessChannel(const ClientOptions& options,
+                   std::vector<std::unique_ptr<metrics::Registry>> registries,
+                   std::vector<std::unique_ptr<ShardHost>> hosts)
+      : options_(options), registries_(std::move(registries)), hosts_(std::move(hosts)) {
     if (options.in_process.threads > 0) {
       pool_ = std::make_unique<WorkPool>(static_cast<int>(options.in_process.threads));
     }
+    for (size_t i = 0; i < registries_.size(); ++i) {
+      options_.metrics->registry().Attach(registries_[i].get(), "shard", absl::StrCat(i));
+    }
   }
   ~InProcessChannel() override {
+    for (const auto& r : registries_) options_.metrics->registry().Detach(r.get());
     if (pool_) pool_->Stop();
   }
 
@@ -120,14 +129,21 @@ class InProcessChannel final : public ShardChannel {
     return absl::OkStatus();
   }
 
+  // The call in the trainer's series and, for the calls a shard server
+  // counts at its edge (Lookup, Push, Exchange), in the shard's.
   void Record(uint32_t shard, absl::string_view method, absl::StatusCode code, absl::Time start,
               absl::Time end) {
-    if (options_.metrics != nullptr) {
-      options_.metrics->RecordRpc(shard, method, code, absl::ToDoubleSeconds(end - start));
-    }
+    if (options_.metrics == nullptr) return;
+    const double seconds = absl::ToDoubleSeconds(end - start);
+    options_.metrics->RecordRpc(shard, method, code, seconds);
+    ShardMetrics* served = hosts_[shard]->metrics();
+    if (method == "Lookup") served->RecordCall(ShardMetrics::Rpc::kLookup, code, seconds);
+    if (method == "Push") served->RecordCall(ShardMetrics::Rpc::kPush, code, seconds);
+    if (method == "Exchange") served->RecordCall(ShardMetrics::Rpc::kExchange, code, seconds);
   }
 
   const ClientOptions options_;
+  std::vector<std::unique_ptr<metrics::Registry>> registries_;  // outlive the hosts' metrics
   std::vector<std::unique_ptr<ShardHost>> hosts_;
   std::unique_ptr<WorkPool> pool_;  // null: calls run on the calling thread
   std::atomic<uint64_t> calls_{0}, failures_{0};
@@ -254,8 +270,12 @@ absl::Status CheckInProcessDevice(const std::string& device) {
 absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOptions& options) {
   const InProcessOptions& in = options.in_process;
   EMBER_ASSIGN_OR_RETURN(const StoreDevice device, ParseStoreDevice(in.device));
+  // With trainer metrics, each shard's own series (rows, memory, calls,
+  // checkpoints, SSP) go to the trainer's endpoint too.
+  std::vector<std::unique_ptr<metrics::Registry>> registries;
   std::vector<std::unique_ptr<ShardHost>> hosts;
   for (uint32_t i = 0; i < in.shards; ++i) {
+    if (options.metrics != nullptr) registries.push_back(std::make_unique<metrics::Registry>());
     ShardHostOptions host;
     host.shard.shard_index = i;
     host.shard.shard_count = in.shards;
@@ -270,14 +290,15 @@ absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOp
     } else if (!in.restore_from.empty()) {
       host.restore_from = absl::StrCat(host.checkpoint.directory, "/", in.restore_from);
     }
-    absl::StatusOr<std::unique_ptr<ShardHost>> started = ShardHost::Start(host);
+    absl::StatusOr<std::unique_ptr<ShardHost>> started =
+        ShardHost::Start(host, registries.empty() ? nullptr : registries.back().get());
     if (!started.ok()) {
       return absl::Status(started.status().code(),
                           absl::StrCat("in-process shard ", i, ": ", started.status().message()));
     }
     hosts.push_back(std::move(*started));
   }
-  return std::make_unique<InProcessChannel>(options, std::move(hosts));
+  return std::make_unique<InProcessChannel>(options, std::move(registries), std::move(hosts));
 }
 
 }  // namespace ember

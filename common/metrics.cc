@@ -110,17 +110,21 @@ void FamilyBase::CheckLabels(const Labels& values) const {
   }
 }
 
-std::string FamilyBase::SeriesName(const std::string& suffix, const Labels& values,
-                                   const char* extra_name, const std::string& extra_value) const {
+std::string FamilyBase::SeriesName(const std::string& suffix, const std::string& first_labels,
+                                   const Labels& values, const char* extra_name,
+                                   const std::string& extra_value) const {
   std::string s = name_ + suffix;
-  if (label_names_.empty() && extra_name == nullptr) return s;
+  if (first_labels.empty() && label_names_.empty() && extra_name == nullptr) return s;
   s += '{';
+  s += first_labels;
+  bool comma = !first_labels.empty();
   for (size_t i = 0; i < label_names_.size(); ++i) {
-    if (i > 0) s += ',';
+    if (comma) s += ',';
     absl::StrAppend(&s, label_names_[i], "=\"", EscapeLabelValue(values[i]), "\"");
+    comma = true;
   }
   if (extra_name != nullptr) {
-    if (!label_names_.empty()) s += ',';
+    if (comma) s += ',';
     absl::StrAppend(&s, extra_name, "=\"", extra_value, "\"");
   }
   s += '}';
@@ -148,21 +152,21 @@ M& Family<M>::With(const Labels& values) {
 }
 
 template <typename M>
-void Family<M>::Expose(std::string* out) const {
-  Header(out);
+void Family<M>::ExposeSamples(std::string* out, const std::string& first_labels) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [labels, m] : series_) {
     if constexpr (std::is_same_v<M, Histogram>) {
       const Histogram::Snapshot s = m->Snap();
       for (size_t i = 0; i < s.cumulative.size(); ++i) {
         const std::string le = i < s.bounds.size() ? FormatValue(s.bounds[i]) : "+Inf";
-        absl::StrAppend(out, SeriesName("_bucket", labels, "le", le), " ",
+        absl::StrAppend(out, SeriesName("_bucket", first_labels, labels, "le", le), " ",
                         s.cumulative[i], "\n");
       }
-      absl::StrAppend(out, SeriesName("_sum", labels), " ", FormatValue(s.sum), "\n");
-      absl::StrAppend(out, SeriesName("_count", labels), " ", s.count, "\n");
+      absl::StrAppend(out, SeriesName("_sum", first_labels, labels), " ", FormatValue(s.sum), "\n");
+      absl::StrAppend(out, SeriesName("_count", first_labels, labels), " ", s.count, "\n");
     } else {
-      absl::StrAppend(out, SeriesName("", labels), " ", FormatValue(m->Value()), "\n");
+      absl::StrAppend(out, SeriesName("", first_labels, labels), " ", FormatValue(m->Value()),
+                      "\n");
     }
   }
 }
@@ -218,16 +222,55 @@ void Registry::OnScrape(std::function<void()> fn) {
   scrape_callbacks_.push_back(std::move(fn));
 }
 
-std::string Registry::Expose() const {
+void Registry::RunScrapeCallbacks() const {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     callbacks = scrape_callbacks_;
   }
   for (const auto& fn : callbacks) fn();
-  std::string out;
+}
+
+void Registry::Attach(const Registry* child, const std::string& label_name,
+                      const std::string& label_value) {
+  if (!ValidName(label_name, true)) Misuse(absl::StrCat("invalid label name '", label_name, "'"));
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, family] : families_) family->Expose(&out);
+  attached_.push_back(
+      {child, absl::StrCat(label_name, "=\"", EscapeLabelValue(label_value), "\"")});
+}
+
+void Registry::Detach(const Registry* child) {
+  std::lock_guard<std::mutex> lock(mu_);
+  attached_.erase(std::remove_if(attached_.begin(), attached_.end(),
+                                 [child](const Attached& a) { return a.registry == child; }),
+                  attached_.end());
+}
+
+std::string Registry::Expose() const {
+  RunScrapeCallbacks();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Attached& a : attached_) a.registry->RunScrapeCallbacks();
+  // Each name once: its family here (or the first child's that has it),
+  // then the same family's series in every child, labelled.
+  std::vector<std::unique_lock<std::mutex>> child_locks;
+  for (const Attached& a : attached_) child_locks.emplace_back(a.registry->mu_);
+  std::map<std::string, const FamilyBase*> headers;
+  for (const auto& [name, family] : families_) headers.emplace(name, family.get());
+  for (const Attached& a : attached_) {
+    for (const auto& [name, family] : a.registry->families_) headers.emplace(name, family.get());
+  }
+  std::string out;
+  for (const auto& [name, header] : headers) {
+    header->Header(&out);
+    if (auto it = families_.find(name); it != families_.end()) {
+      it->second->ExposeSamples(&out, "");
+    }
+    for (const Attached& a : attached_) {
+      auto it = a.registry->families_.find(name);
+      if (it == a.registry->families_.end() || it->second->type() != header->type()) continue;
+      it->second->ExposeSamples(&out, a.labels);
+    }
+  }
   return out;
 }
 

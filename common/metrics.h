@@ -92,13 +92,21 @@ class FamilyBase {
   Type type() const { return type_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
   // Appends this family's HELP, TYPE and samples.
-  virtual void Expose(std::string* out) const = 0;
+  void Expose(std::string* out) const {
+    Header(out);
+    ExposeSamples(out, "");
+  }
+  // Appends the HELP and TYPE lines.
+  void Header(std::string* out) const;
+  // Appends the samples; `first_labels` (`name="value",...`, escaped; empty:
+  // none) goes before each series' own labels.
+  virtual void ExposeSamples(std::string* out, const std::string& first_labels) const = 0;
 
  protected:
   void CheckLabels(const Labels& values) const;
-  std::string SeriesName(const std::string& suffix, const Labels& values,
-                         const char* extra_name = nullptr, const std::string& extra_value = "") const;
-  void Header(std::string* out) const;
+  std::string SeriesName(const std::string& suffix, const std::string& first_labels,
+                         const Labels& values, const char* extra_name = nullptr,
+                         const std::string& extra_value = "") const;
 
   const std::string name_;
   const std::string help_;
@@ -123,7 +131,7 @@ class Family final : public FamilyBase {
     std::lock_guard<std::mutex> lock(mu_);
     series_.clear();
   }
-  void Expose(std::string* out) const override;
+  void ExposeSamples(std::string* out, const std::string& first_labels) const override;
 
  private:
   mutable std::mutex mu_;
@@ -145,10 +153,28 @@ class Registry {
   // time (rows per table, process memory). It may use the registry.
   void OnScrape(std::function<void()> fn);
 
-  // The text exposition of every family, sorted by name.
+  // The text exposition of every family, sorted by name, with the
+  // attached registries' series among them.
   std::string Expose() const;
 
+  // Exposes `child`'s families with this registry's, each of its series
+  // labelled label_name="label_value" first (e.g. shard="0": the shards in
+  // a trainer's process, on the trainer's endpoint). A family of the same
+  // name in both is one family (one HELP and TYPE: this registry's, or the
+  // first attached one's); a child's family of another type is left out.
+  // Its scrape callbacks run at every Expose. `child` must stay valid until
+  // Detach; it must not be attached to this registry's children itself.
+  void Attach(const Registry* child, const std::string& label_name, const std::string& label_value);
+  void Detach(const Registry* child);
+
  private:
+  struct Attached {
+    const Registry* registry;
+    std::string labels;  // label_name="label_value", escaped
+  };
+  // Runs the scrape callbacks (of this registry only).
+  void RunScrapeCallbacks() const;
+
   template <typename M>
   Family<M>& Add(const std::string& name, const std::string& help,
                  std::vector<std::string> label_names, Type type, std::vector<double> bounds);
@@ -156,6 +182,7 @@ class Registry {
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<FamilyBase>> families_;
   std::vector<std::function<void()>> scrape_callbacks_;
+  std::vector<Attached> attached_;  // guarded by mu_
 };
 
 // Formats a sample value as the exposition format wants it (+Inf, NaN, and

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ember/client.h"
+#include "ember/trainer_metrics.h"
 #include "gtest/gtest.h"
 #include "tests/client/shard_way.h"
 #include "tests/server/requests.h"
@@ -168,6 +169,42 @@ TEST(InProcessChannelTest, CheckpointsMoveBetweenInProcessShardsAndShardServersB
     ASSERT_OK(rows);
     EXPECT_EQ(*rows, trained_on_servers) << "restore_from=" << restore;
   }
+}
+
+TEST(InProcessChannelTest, TheShardsSeriesAreOnTheTrainersEndpointLabelledByShard) {
+  TrainerMetrics metrics;
+  {
+    ClientOptions o = InProcessOptionsFor(2);
+    o.metrics = &metrics;
+    absl::StatusOr<std::unique_ptr<Client>> local = Client::Connect(o);
+    ASSERT_OK(local);
+    ASSERT_OK((*local)->CreateTable(AdagradTable("m", kDim)));
+    const std::vector<uint64_t> keys = SomeKeys();
+    ASSERT_OK(PushTo(**local, "m", keys, 0.5f));
+    const std::string text = metrics.Expose();
+    // Shard rows of each shard, summing to the keys pushed; one header.
+    double rows = 0;
+    for (int shard = 0; shard < 2; ++shard) {
+      const std::string series =
+          absl::StrCat("ember_table_rows{shard=\"", shard, "\",table=\"m\",device=\"cpu\"} ");
+      const size_t at = text.find(series);
+      ASSERT_NE(at, std::string::npos) << series << " in\n" << text;
+      rows += std::stod(text.substr(at + series.size()));
+      EXPECT_NE(text.find(absl::StrCat("ember_rpc_requests_total{shard=\"", shard,
+                                       "\",rpc=\"Push\",code=\"OK\"} 1")),
+                std::string::npos)
+          << text;
+    }
+    EXPECT_EQ(rows, static_cast<double>(keys.size()));
+    EXPECT_EQ(text.find("# TYPE ember_table_rows gauge"),
+              text.rfind("# TYPE ember_table_rows gauge"));
+    // The trainer's own series are there too.
+    EXPECT_NE(text.find("ember_trainer_rpc_attempts_total{shard=\"0\",rpc=\"Push\",code=\"OK\"}"),
+              std::string::npos)
+        << text;
+  }
+  EXPECT_EQ(metrics.Expose().find("ember_table_rows{"), std::string::npos)
+      << "a closed client's shards leave the endpoint";
 }
 
 TEST(InProcessChannelTest, BadInProcessOptionsAreRefusedNamingTheField) {

@@ -94,6 +94,33 @@ TEST(MetricsTest, RedeclaringAFamilyReturnsItAndScrapeCallbacksRunOnExpose) {
   EXPECT_NE(text.find("g{x=\"now\"} 2\n"), std::string::npos) << text;
 }
 
+TEST(MetricsTest, AttachedRegistriesShareOneHeaderPerFamilyAndLabelTheirSeries) {
+  Registry parent, shard0, shard1;
+  parent.AddCounter("calls_total", "Calls.", {"rpc"}).With({"Lookup"}).Add(3);
+  shard0.AddCounter("calls_total", "Calls.", {"rpc"}).With({"Push"}).Add(1);
+  shard1.AddGauge("rows", "Rows.", {"table"}).With({"t"}).Set(7);
+  shard1.AddGauge("calls_total", "Another type.", {"rpc"}).With({"Push"}).Set(9);
+  int scraped = 0;
+  shard0.OnScrape([&] { ++scraped; });
+  parent.Attach(&shard0, "shard", "0");
+  parent.Attach(&shard1, "shard", "1");
+  const std::string text = parent.Expose();
+  EXPECT_EQ(scraped, 1);
+  EXPECT_EQ(text,
+            "# HELP calls_total Calls.\n# TYPE calls_total counter\n"
+            "calls_total{rpc=\"Lookup\"} 3\n"
+            "calls_total{shard=\"0\",rpc=\"Push\"} 1\n"
+            "# HELP rows Rows.\n# TYPE rows gauge\n"
+            "rows{shard=\"1\",table=\"t\"} 7\n")
+      << "shard 1's gauge of the counter's name is left out";
+  parent.Detach(&shard0);
+  parent.Detach(&shard1);
+  EXPECT_EQ(parent.Expose(),
+            "# HELP calls_total Calls.\n# TYPE calls_total counter\n"
+            "calls_total{rpc=\"Lookup\"} 3\n");
+  EXPECT_EQ(scraped, 1);
+}
+
 TEST(MetricsTest, ProcessMetricsReadThisProcess) {
   Registry r;
   AddProcessMetrics(&r);

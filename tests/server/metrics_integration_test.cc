@@ -1,7 +1,8 @@
 // The Prometheus endpoints against the real tools: a live shard's /metrics
 // counts its traffic per table, RPC and status code; a trainer's pipeline
 // reports its exposed wait, overlap, staleness, unique-key ratio and bytes;
-// both pass `promtool check metrics`; a real Prometheus (Debian's
+// both pass `promtool check metrics`, and so does a trainer whose shards
+// are in its own process; a real Prometheus (Debian's
 // `prometheus`) scrapes two live shards and a trainer, and its HTTP API
 // returns their series; every metric the dashboard and the alert rules name
 // is exported.
@@ -24,6 +25,7 @@
 #include "ember/trainer_metrics.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/server/http_get.h"
@@ -234,6 +236,54 @@ TEST_F(MetricsIntegrationTest, TrainerExportsWaitOverlapStalenessUniqueRatioAndB
   EXPECT_GT(Sample(m, "process_resident_memory_bytes"), 1e6);
   ExpectPromtoolAccepts({"check", "metrics"}, m);
   ASSERT_OK(t.pipe->Close());
+}
+
+// Shards in the trainer's process: their series (rows, calls, SSP) and the
+// trainer's come from the trainer's one endpoint, each shard's labelled
+// shard="i", and the whole passes promtool.
+TEST(InProcessMetricsTest, TrainerWithInProcessShardsServesBothOnOnePortAndPassesPromtool) {
+  Trainer t;
+  ClientOptions c;
+  c.shards = {"inproc:2"};
+  c.metrics = &t.metrics;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c);
+  ASSERT_OK(client);
+  t.client = std::move(*client);
+  v1::TableConfig clicks;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(name: "clicks"
+           dim: 4
+           initializer {
+             zeros {}
+             seed: 1
+           }
+           optimizer { sgd { learning_rate: 0.1 } })pb",
+      &clicks));
+  ASSERT_OK(t.client->CreateTable(clicks));
+  PipelineOptions o;
+  o.worker_id = 3;
+  o.features = {{"user", "clicks", Combiner::kSum}, {"item", "clicks", Combiner::kSum}};
+  o.metrics = &t.metrics;
+  absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(t.client.get(), o);
+  ASSERT_OK(pipe);
+  ASSERT_OK(TrainClicks(**pipe, 4));
+  auto http = t.metrics.Serve("127.0.0.1", 0);
+  ASSERT_OK(http);
+  auto text = HttpGet((*http)->port(), "/metrics");
+  ASSERT_OK(text);
+  const std::string& m = *text;
+  EXPECT_EQ(Sample(m, "ember_trainer_steps_total{worker=\"3\"}"), 4) << m;
+  double rows = 0, exchanges = 0;
+  for (int sh = 0; sh < 2; ++sh) {
+    const std::string shard = absl::StrCat("shard=\"", sh, "\"");
+    rows += Sample(m, "ember_table_rows{" + shard + ",table=\"clicks\",device=\"cpu\"}");
+    exchanges += Sample(m, "ember_rpc_requests_total{" + shard + ",rpc=\"Exchange\",code=\"OK\"}");
+    EXPECT_EQ(Sample(m, "ember_ssp_registered_workers{" + shard + "}"), 1) << m;
+  }
+  EXPECT_EQ(rows, 3) << "keys 5, 6 and 7";
+  EXPECT_GT(exchanges, 0);
+  ExpectPromtoolAccepts({"check", "metrics"}, m);
+  ASSERT_OK((*pipe)->Close());
 }
 
 TEST_F(MetricsIntegrationTest, TrainerMarksAFailedPipelineAndCountsTheShardsErrors) {
