@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <latch>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -216,15 +217,17 @@ absl::Status InProcessChannel::ExchangeOnPool(const ExchangeCall& call,
   if (!active.empty()) {
     // A std::latch, not absl::BlockingCounter: Debian's Abseil is not built
     // with TSan, which would not see the hand-over of the pool's results.
-    std::latch pending(static_cast<std::ptrdiff_t>(active.size()) - 1);
+    // Shared with the closures: the last count_down may still be inside the
+    // latch when wait() returns here.
+    auto pending = std::make_shared<std::latch>(static_cast<std::ptrdiff_t>(active.size()) - 1);
     for (size_t j = 1; j < active.size(); ++j) {
-      pool_->Post([&, i = active[j]] {
+      pool_->Post([&run, pending, i = active[j]] {
         run(i);
-        pending.count_down();
+        pending->count_down();
       });
     }
     run(active[0]);
-    pending.wait();
+    pending->wait();
   }
   for (uint32_t i : active) {
     Record(i, "Exchange", statuses[i].code(), starts[i], ends[i]);
