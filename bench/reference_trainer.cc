@@ -37,6 +37,9 @@
 
 ABSL_FLAG(std::string, shards, "127.0.0.1:50051",
           "Comma-separated shard addresses, in shard order; inproc:N: N shards in this process.");
+ABSL_FLAG(std::string, inproc_device, "cpu",
+          "With --shards=inproc:N: where the shards' tables live: cpu, cuda:N, or a "
+          "comma-separated list, shard i on entry i mod its length (cuda:0,cuda:1: one per GPU).");
 ABSL_FLAG(uint32_t, inproc_threads, ember::InProcessOptions().threads,
           "With --shards=inproc:N: T > 0 runs an exchange's shards at once on a pool keeping T "
           "threads; 0 runs each call's shards on the calling thread, one after another.");
@@ -360,6 +363,7 @@ int Run() {
   ClientOptions options;
   options.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
   options.in_process.threads = absl::GetFlag(FLAGS_inproc_threads);
+  options.in_process.device = absl::GetFlag(FLAGS_inproc_device);
   options.metrics = Metrics();
   options.exchange_streams = absl::GetFlag(FLAGS_exchange_streams);
   options.tls = ClientTlsFromFlags();  // --tls, --tls_ca, ... (common/tls_flags.h)

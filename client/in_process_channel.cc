@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ember/trainer_metrics.h"
@@ -264,15 +265,31 @@ absl::Status InProcessChannel::Checkpoint(absl::Span<const v1::CheckpointRequest
 
 }  // namespace
 
+namespace {
+
+// InProcessOptions::device: one device, or a comma-separated list.
+absl::StatusOr<std::vector<StoreDevice>> ParseInProcessDevices(const std::string& text) {
+  std::vector<StoreDevice> devices;
+  for (absl::string_view one : absl::StrSplit(text, ',')) {
+    absl::StatusOr<StoreDevice> parsed = ParseStoreDevice(one);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("in_process.device: ", parsed.status().message()));
+    }
+    devices.push_back(*parsed);
+  }
+  return devices;
+}
+
+}  // namespace
+
 absl::Status CheckInProcessDevice(const std::string& device) {
-  absl::StatusOr<StoreDevice> parsed = ParseStoreDevice(device);
-  if (parsed.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("in_process.device: ", parsed.status().message()));
+  return ParseInProcessDevices(device).status();
 }
 
 absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOptions& options) {
   const InProcessOptions& in = options.in_process;
-  EMBER_ASSIGN_OR_RETURN(const StoreDevice device, ParseStoreDevice(in.device));
+  EMBER_ASSIGN_OR_RETURN(const std::vector<StoreDevice> devices, ParseInProcessDevices(in.device));
   // With trainer metrics, each shard's own series (rows, memory, calls,
   // checkpoints, SSP) go to the trainer's endpoint too.
   std::vector<std::unique_ptr<metrics::Registry>> registries;
@@ -283,7 +300,7 @@ absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOp
     host.shard.shard_index = i;
     host.shard.shard_count = in.shards;
     host.shard.max_rows = in.max_rows;
-    host.shard.device = device;
+    host.shard.device = devices[i % devices.size()];
     if (!in.checkpoint_dir.empty()) {
       host.checkpoint.directory = InProcessCheckpointDir(in.checkpoint_dir, i);
       host.checkpoint.interval = in.checkpoint_interval;

@@ -27,8 +27,9 @@
 
 namespace ember {
 
-// OK if `device` names a place for in-process shards' tables ("cpu",
-// "cuda:N"); INVALID_ARGUMENT naming in_process.device otherwise.
+// OK if `device` names places for in-process shards' tables ("cpu",
+// "cuda:N", or a comma-separated list of them); INVALID_ARGUMENT naming
+// in_process.device otherwise.
 absl::Status CheckInProcessDevice(const std::string& device);
 
 // Starts options.in_process.shards shards (restoring them first when asked).

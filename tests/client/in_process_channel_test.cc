@@ -207,6 +207,25 @@ TEST(InProcessChannelTest, TheShardsSeriesAreOnTheTrainersEndpointLabelledByShar
       << "a closed client's shards leave the endpoint";
 }
 
+// One store per device: shard i on entry i % n of in_process.device.
+TEST(InProcessChannelTest, ShardsGoToTheListedDevicesInTurnAndAMissingGpuIsRefused) {
+  ClientOptions o = InProcessOptionsFor(3);
+  o.in_process.device = "cpu,cpu";
+  absl::StatusOr<std::unique_ptr<Client>> local = Client::Connect(o);
+  ASSERT_OK(local);
+  absl::StatusOr<std::vector<v1::GetShardInfoResponse>> infos = (*local)->ShardInfos();
+  ASSERT_OK(infos);
+  for (const auto& info : *infos) EXPECT_EQ(info.device(), "cpu");
+  // A GPU that is not there (none on a CPU machine; index 99 on any).
+  ClientOptions gpu = InProcessOptionsFor(2);
+  gpu.in_process.device = "cpu,cuda:99";
+  absl::StatusOr<std::unique_ptr<Client>> missing = Client::Connect(gpu);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition) << missing.status();
+  EXPECT_NE(missing.status().message().find("in-process shard 1: "), std::string::npos)
+      << missing.status();
+  EXPECT_NE(missing.status().message().find("cuda:99"), std::string::npos) << missing.status();
+}
+
 TEST(InProcessChannelTest, BadInProcessOptionsAreRefusedNamingTheField) {
   struct Case {
     ClientOptions options;
@@ -227,6 +246,9 @@ TEST(InProcessChannelTest, BadInProcessOptionsAreRefusedNamingTheField) {
   ClientOptions device = InProcessOptionsFor(1);
   device.in_process.device = "tpu";
   cases.push_back({device, "in_process.device: "});
+  ClientOptions listed = InProcessOptionsFor(2);
+  listed.in_process.device = "cpu,cuda";
+  cases.push_back({listed, "in_process.device: "});
   ClientOptions restore = InProcessOptionsFor(1);
   restore.in_process.restore_from = "latest";
   cases.push_back({restore, "in_process.checkpoint_dir: expected a directory"});

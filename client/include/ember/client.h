@@ -42,7 +42,10 @@ class TrainerMetrics;
 struct InProcessOptions {
   // Shards to start; 0: none (the shards are ClientOptions::shards' servers).
   uint32_t shards = 0;
-  // Where their tables live: "cpu" or "cuda:N".
+  // Where their tables live: "cpu" or "cuda:N" for every shard, or a
+  // comma-separated list, shard i on entry i % its length ("cuda:0,cuda:1,
+  // cuda:2,cuda:3": one shard per GPU, the model-parallel layout of one node).
+  // A device that is not there fails Connect with FAILED_PRECONDITION.
   std::string device = "cpu";
   // N > 0: an exchange's shards run at once, all but one on a pool that
   // keeps N threads (and adds more while all are busy), as shard servers
