@@ -260,11 +260,7 @@ absl::Status GrpcChannel::Exchange(const ExchangeCall& call, std::vector<Exchang
   auto bytes = [&](uint32_t shard) {
     return call.handed_over ? SerializeAliased(requests[shard]) : SerializeCopied(*requests[shard]);
   };
-  std::vector<bool> active(shard_count());
-  for (uint32_t i = 0; i < shard_count(); ++i) {
-    const v1::ExchangeRequest* r = requests[i].get();
-    active[i] = r != nullptr && (r->has_push() || r->has_lookup() || r->has_peek());
-  }
+  const std::vector<bool> active = call.Active();
   auto unary = [exchange = Unary(embedding_, &v1::EmbeddingService::Stub::PrepareAsyncExchange)](
                    CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
                    const v1::ExchangeRequest* req, ExchangeAnswer* resp,

@@ -159,11 +159,7 @@ absl::Status InProcessChannel::Exchange(const ExchangeCall& call,
   answers->resize(n);
   std::vector<absl::Status> statuses(n);
   std::vector<absl::Time> starts(n);
-  std::vector<bool> active(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    const v1::ExchangeRequest* r = call.requests[i].get();
-    active[i] = r != nullptr && (r->has_push() || r->has_lookup() || r->has_peek());
-  }
+  const std::vector<bool> active = call.Active();
   // Every push first: a lookup below may wait for another worker whose own
   // exchange is past its pushes only once this one's are applied.
   for (uint32_t i = 0; i < n; ++i) {
@@ -199,9 +195,9 @@ absl::Status InProcessChannel::ExchangeOnPool(const ExchangeCall& call,
   std::vector<absl::Status> statuses(n);
   std::vector<absl::Time> starts(n), ends(n);
   std::vector<uint32_t> active;
+  const std::vector<bool> sent = call.Active();
   for (uint32_t i = 0; i < n; ++i) {
-    const v1::ExchangeRequest* r = call.requests[i].get();
-    if (r != nullptr && (r->has_push() || r->has_lookup() || r->has_peek())) active.push_back(i);
+    if (sent[i]) active.push_back(i);
   }
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   auto run = [&](uint32_t i) {

@@ -59,6 +59,16 @@ struct ExchangeCall {
   // then sends their large fields from their own memory while they are on
   // the wire); false: the channel reads them only during the call.
   bool handed_over = false;
+
+  // Per shard: whether its request is sent (the rule of `requests` above).
+  std::vector<bool> Active() const {
+    std::vector<bool> active(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const v1::ExchangeRequest* r = requests[i].get();
+      active[i] = r != nullptr && (r->has_push() || r->has_lookup() || r->has_peek());
+    }
+    return active;
+  }
 };
 
 class ShardChannel {
