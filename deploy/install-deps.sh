@@ -3,6 +3,9 @@
 # Idempotent: only missing packages are installed. Needs root (or sudo).
 #   deploy/install-deps.sh          # everything: build, tests, tools
 #   deploy/install-deps.sh build    # only what building needs (image build stage)
+#   deploy/install-deps.sh python   # what `pip install ./python` needs: the build
+#                                   # packages, Python's headers, and the static
+#                                   # libraries libember_c.so links (scripts/pic_deps.sh)
 # The images' run-time libraries are in deploy/docker/runtime-packages.txt.
 set -euo pipefail
 
@@ -24,15 +27,28 @@ TEST_PACKAGES=(
 )
 
 PACKAGES=("${BUILD_PACKAGES[@]}")
-if [ "${1:-all}" = "all" ]; then
+ROLE="${1:-all}"
+if [ "$ROLE" = "python" ]; then
+  PACKAGES+=(python3-venv python3-dev)
+elif [ "$ROLE" = "all" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
   # Debian's kubectl (kubernetes-client) unless one is installed already: a
   # kubectl from another repository owns the same path.
   command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
-elif [ "$1" != "build" ]; then
-  echo "install-deps: expected 'all' or 'build', received '$1'" >&2
+elif [ "$ROLE" != "build" ]; then
+  echo "install-deps: expected 'all', 'build' or 'python', received '$ROLE'" >&2
   exit 2
 fi
+
+# After the packages: the position-independent archives of the Python
+# package's libember_c.so.
+pic_deps() {
+  if [ "$ROLE" = "python" ]; then
+    local as_root=()
+    [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+    "${as_root[@]}" bash "$(dirname "$0")/../scripts/pic_deps.sh"
+  fi
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -40,6 +56,7 @@ for p in "${PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
+  pic_deps
   exit 0
 fi
 
@@ -51,3 +68,4 @@ fi
 echo "install-deps: installing ${missing[*]}"
 $SUDO apt-get update -q
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+pic_deps

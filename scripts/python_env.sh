@@ -6,12 +6,19 @@
 # installed, so a second run with the same requirements does nothing.
 #   scripts/python_env.sh           # tests
 #   scripts/python_env.sh bench     # tests + peers for examples/seed_model_bench.sh
+#   scripts/python_env.sh newest    # the newest TensorFlow and PyTorch, in .venv-newest
 # Prints the environment's python on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${EMBER_VENV:-$PWD/.venv}"
-PYTHON="${EMBER_PYTHON:-python3}"
 WHAT="${1:-test}"
+if [ "$WHAT" = newest ]; then
+  VENV="${EMBER_NEWEST_VENV:-$PWD/.venv-newest}"
+else
+  VENV="${EMBER_VENV:-$PWD/.venv}"
+fi
+PYTHON="${EMBER_PYTHON:-python3}"
+REQUIREMENTS=python/requirements-test.txt
+[ "$WHAT" = newest ] && REQUIREMENTS=python/requirements-newest.txt
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV" >&2 || {
@@ -22,12 +29,12 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 
 stamp="$VENV/.ember-$WHAT"
-want="$(cat python/requirements-test.txt; [ "$WHAT" = bench ] && cat python/requirements-bench.txt || true)"
+want="$(cat "$REQUIREMENTS"; [ "$WHAT" = bench ] && cat python/requirements-bench.txt || true)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "$VENV/bin/python"
   exit 0
 fi
-"${PIP[@]}" -r python/requirements-test.txt >&2
+"${PIP[@]}" -r "$REQUIREMENTS" >&2
 if [ "$WHAT" = bench ]; then
   # Both peers declare dependencies that would replace the wheels above
   # (tf-keras pulls a second TensorFlow, torchrec the CUDA fbgemm-gpu):

@@ -14,12 +14,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash deploy/install-deps.sh
+# libember_c.so's static gRPC/protobuf/Abseil/OpenSSL/re2/zlib (the Python
+# package beside TensorFlow and PyTorch; ctest c_api_symbols checks it).
+bash scripts/pic_deps.sh
 # The house rules first (seconds): include layers, paths named in comments.
 bash tests/checks/layers.sh
 python3 tests/checks/comment_paths.py
 # The Python package's environment (.venv: numpy, pytest, PyTorch, TensorFlow).
 PYTHON="$(bash scripts/python_env.sh | tail -1)"
-bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"
+NEWEST_PYTHON="$(bash scripts/python_env.sh newest | tail -1)"
+bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON" \
+  -DEMBER_NEWEST_PYTHON="$NEWEST_PYTHON"
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then

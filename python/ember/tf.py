@@ -23,16 +23,15 @@ Without `prefetch`, the layer can be called on the features themselves
 ({name: ragged}): it then prefetches and waits in the same step.
 """
 
-import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
 from . import _ember  # noqa: F401  (loads libember_c.so before the ops)
+from . import _tf_ops
 from .client import Client, StepPipeline
 
-_ops = tf.load_op_library(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                       "_ember_tf_ops.so"))
+_ops = _tf_ops.load()
 
 
 @tf.RegisterGradient("EmberLookup")

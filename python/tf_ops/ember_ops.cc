@@ -15,7 +15,8 @@
 // This library is compiled against TensorFlow's headers (its Abseil and
 // protobuf) and must not link Debian's: it reaches libember_c.so, which
 // ember._ember has already loaded, through dlopen/dlsym, so libember_c.so
-// keeps its own symbol scope.
+// keeps its own symbol scope. It is built with the package when TensorFlow
+// is there, or by ember/_tf_ops.py for the TensorFlow of the process.
 #include <dlfcn.h>
 
 #include <condition_variable>
@@ -59,14 +60,21 @@ struct EmberApi {
  private:
   static EmberApi Load() {
     EmberApi api;
-    Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&EmberApi::Get), &info) == 0 || info.dli_fname == nullptr) {
-      api.error = "cannot locate the ember op library on disk";
-      return api;
+    // The libember_c.so that ember._ember loaded (by its soname); else the
+    // one beside this library.
+    std::string path = "libember_c.so";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) {
+      Dl_info info;
+      if (dladdr(reinterpret_cast<void*>(&EmberApi::Get), &info) == 0 ||
+          info.dli_fname == nullptr) {
+        api.error = "cannot locate the ember op library on disk";
+        return api;
+      }
+      path = info.dli_fname;
+      path = path.substr(0, path.rfind('/') + 1) + "libember_c.so";
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     }
-    std::string path = info.dli_fname;
-    path = path.substr(0, path.rfind('/') + 1) + "libember_c.so";
-    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
       api.error = std::string("cannot load ") + path + ": " + dlerror();
       return api;
