@@ -10,14 +10,28 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VARIANTS = [("tensorflow", "native", "tf2_seed_model.py"), ("tensorflow", "tfra", "tf2_seed_model.py"),
-            ("tensorflow", "ember", "tf2_seed_model.py"), ("pytorch", "native", "torch_seed_model.py"),
-            ("pytorch", "torchrec", "torch_seed_model.py"), ("pytorch", "ember", "torch_seed_model.py")]
+# (framework, label, script, mode, extra arguments). "dense" is each
+# framework's floor (no embeddings); the peers are set up as their users run
+# them (see the scripts); Ember runs on 2 ember-server shards and on 2 shards
+# in the process, synchronous (s = 0, early fetch: the layers' default) and
+# with s = 1.
+EMBER_WAYS = [("servers", ()), ("inproc", ("--shards", "inproc:2"))]
+VARIANTS = []
+for _fw, _script, _peers in (("tensorflow", "tf2_seed_model.py", ["native", "tfra"]),
+                             ("pytorch", "torch_seed_model.py", ["native", "torchrec"])):
+    VARIANTS.append((_fw, "dense", _script, "dense", ()))
+    VARIANTS += [(_fw, p, _script, p, ()) for p in _peers]
+    for _way, _args in EMBER_WAYS:
+        for _s in (0, 1):
+            VARIANTS.append((_fw, f"ember {_way} s={_s}", _script, "ember",
+                             _args + ("--staleness", str(_s))))
+PEERS = {"native", "tfra", "torchrec"}
 
 
-def run(script, mode, args):
+def run(variant, args):
+    _, _, script, mode, extra = variant
     cmd = [sys.executable, os.path.join(HERE, script), "--mode", mode, "--steps", str(args.steps),
-           "--compute_ms", str(args.compute_ms), "--scale", str(args.scale)]
+           "--compute_ms", str(args.compute_ms), "--scale", str(args.scale)] + list(extra)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -40,28 +54,41 @@ def main():
     results = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for v in VARIANTS:
-            res = run(v[2], v[1], args)
+            res = run(v, args)
             results[v].append(res)
             print(f"  round {r + 1} {v[0]} {v[1]}: "
                   + (res["error"] if "error" in res else f"{res['ms_per_step']:.2f} ms/step"),
                   flush=True)
     print()
-    print(f"{'framework':<11} {'path':<9} {'ms/step':>8} {'cpu ms/step':>12} {'shards cpu':>11} "
-          f"{'vs native':>10}  loss curve")
+    print("ms/step and CPU ms/step: medians; over dense: ms/step above the framework's step "
+          "without embeddings; vs peer: the fastest peer's ms/step over this one's")
+    print(f"{'framework':<11} {'path':<19} {'ms/step':>8} {'cpu ms':>7} {'shards cpu':>10} "
+          f"{'over dense':>10} {'vs peer':>8}  loss curve")
+    configs = []
     for fw in ("tensorflow", "pytorch"):
-        native = None
+        rows = {}
         for v in (x for x in VARIANTS if x[0] == fw):
             ok = [x for x in results[v] if "error" not in x]
-            if not ok:
-                print(f"{fw:<11} {v[1]:<9} failed: {results[v][-1]['error']}")
+            if ok:
+                rows[v[1]] = (statistics.median(x["ms_per_step"] for x in ok),
+                              statistics.median(x["cpu_ms_per_step"] for x in ok),
+                              statistics.median(x["shard_cpu_ms_per_step"] for x in ok), ok[-1])
+        peer = min((rows[p][0] for p in rows if p in PEERS), default=None)
+        dense = rows.get("dense", (None,))[0]
+        for v in (x for x in VARIANTS if x[0] == fw):
+            if v[1] not in rows:
+                print(f"{fw:<11} {v[1]:<19} failed: {results[v][-1]['error']}")
                 continue
-            ms = statistics.median(x["ms_per_step"] for x in ok)
-            cpu = statistics.median(x["cpu_ms_per_step"] for x in ok)
-            shard = statistics.median(x["shard_cpu_ms_per_step"] for x in ok)
-            native = ms if v[1] == "native" else native
-            speedup = f"{native / ms:9.2f}x" if native else f"{'':>10}"
-            print(f"{fw:<11} {v[1]:<9} {ms:8.2f} {cpu:12.2f} {shard:11.2f} {speedup}  "
-                  f"{ok[-1]['loss_curve']}")
+            ms, cpu, shard, last = rows[v[1]]
+            over = f"{ms - dense:10.2f}" if dense is not None else f"{'':>10}"
+            vs = f"{peer / ms:7.2f}x" if peer else f"{'':>8}"
+            print(f"{fw:<11} {v[1]:<19} {ms:8.2f} {cpu:7.2f} {shard:10.2f} {over} {vs}  "
+                  f"{last['loss_curve']}")
+            configs.append(f"  {fw} {v[1]}: {last.get('config', '')}")
+        if peer and dense:
+            print(f"{fw:<11} {'(no embeddings)':<19} the most any path can reach vs the fastest "
+                  f"peer: {peer / dense:.2f}x")
+    print("\n# configurations\n" + "\n".join(configs))
     versions = subprocess.run(
         [sys.executable, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
     wanted = ("tensorflow=", "tensorflow-recommenders-addons", "tf_keras", "tf-keras", "keras=", "torch=",

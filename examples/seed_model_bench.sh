@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The seed model in every framework, side by side: for TensorFlow 2 and
-# PyTorch, the native path, the in-framework peer (TFRA / TorchRec) and Ember
-# (a local 2-shard cluster), same batches, Adagrad, 1 ms of simulated compute
-# per step; prints ms/step and CPU ms/step of each, and their loss curves.
+# PyTorch, the step without embeddings (the floor), the native path and the
+# in-framework peer (TFRA / TorchRec), each set up as its users run it, and
+# Ember (2 shard servers and 2 shards in the process, s = 0 and s = 1), same
+# batches, Adagrad, 1 ms of simulated compute per step; prints ms/step and
+# CPU ms/step of each, their loss curves, configurations and wheels.
 #   examples/seed_model_bench.sh [--steps 300] [--compute_ms 1] [--rounds 2]
 # Sets up what it needs: the Python environment with the peers
 # (scripts/python_env.sh bench) and the build with the Python package.

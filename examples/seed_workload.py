@@ -157,8 +157,20 @@ def arguments(description: str, modes):
     p.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
     p.add_argument("--batches", type=int, default=64, help="distinct batches, cycled")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--shards", default="", help="host:port,...; empty: start a local 2-shard cluster")
+    p.add_argument("--shards", default="",
+                   help="host:port,...; inproc:N for N shards in the process; "
+                        "empty: start a local 2-shard cluster")
+    p.add_argument("--staleness", type=int, default=0,
+                   help="Ember's staleness bound (0, the layers' default: synchronous, early fetch)")
     return p.parse_args()
+
+
+def ember_config(args) -> str:
+    """How an Ember variant ran, for the benchmark's table."""
+    where = (f"{args.shards[len('inproc:'):]} shards in the process" if args.shards.startswith("inproc:")
+             else "2 ember-server shards on 127.0.0.1" if not args.shards else f"shards {args.shards}")
+    sync = "s = 0, early fetch" if args.staleness == 0 else f"s = {args.staleness}"
+    return f"{where}, {sync}, Adagrad on the shards"
 
 
 def run_on_ember(args, train) -> dict:
@@ -168,6 +180,11 @@ def run_on_ember(args, train) -> dict:
     import ember
     from ember.local_cluster import LocalCluster
     cluster = None
+    if args.shards.startswith("inproc:"):
+        # The shards' CPU is the process's own.
+        meter = Meter(args.warmup)
+        extra = train(ember.Client(inproc=int(args.shards[len("inproc:"):])), meter)
+        return meter.result(**extra)
     if args.shards:
         addresses, pids = args.shards.split(","), []
     else:

@@ -7,8 +7,10 @@ each reading serialized tf.train.Example records through tf.data:
           sparse Adagrad (the motivating user's model);
   tfra    TensorFlow Recommenders-Addons' dynamic embedding
           (de.keras.layers.Embedding, de.DynamicEmbeddingOptimizer);
-  ember   ember.tf.EmbeddingLayer on a local 2-shard cluster, rows prefetched
-          by the tf.data map, Adagrad on the shards.
+  ember   ember.tf.EmbeddingLayer on a local 2-shard cluster (or --shards=
+          inproc:2, shards in the process; --staleness), rows prefetched by
+          the tf.data map, Adagrad on the shards;
+  dense   the floor: the same step without embeddings.
 
     python examples/tf2_seed_model.py --mode ember --steps 300 --compute_ms 1
 
@@ -22,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_workload as w  # noqa: E402
 
-ARGS = w.arguments(__doc__.splitlines()[0], ["native", "tfra", "ember"])
+ARGS = w.arguments(__doc__.splitlines()[0], ["native", "tfra", "ember", "dense"])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if ARGS.mode == "tfra":
     # TFRA 0.8.1 works with Keras 2 only (tf-keras), chosen before TF loads.
@@ -89,9 +91,19 @@ def bce(labels, logits):
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
-def train(ds, train_step, meter):
-    for i, element in enumerate(ds):
-        loss = train_step(*element)
+def train(ds, step_fn, meter):
+    """The input pipeline inside the step function, as TF2 users run it
+    (Keras' fit does the same): each call of the compiled step takes the
+    next element from the iterator in the graph, so no batch crosses into
+    Python."""
+    iterator = iter(ds)
+
+    @tf.function
+    def train_step():
+        return step_fn(*next(iterator))
+
+    for i in range(ARGS.steps):
+        loss = train_step()
         time.sleep(ARGS.compute_ms / 1e3)
         meter.step(i, float(loss))
 
@@ -104,7 +116,6 @@ def run_native(records, meter):
     opt = v1_optimizer()
     variables = tables + list(mlp.trainable_variables)
 
-    @tf.function
     def train_step(features, labels):
         with tf.GradientTape() as tape:
             pooled = []
@@ -118,6 +129,27 @@ def run_native(records, meter):
         return loss
 
     train(dataset(records, ARGS.steps).prefetch(2), train_step, meter)
+    return ("tf.nn.embedding_lookup_sparse over tf.Variables, v1 Adagrad (sparse updates); "
+            "parsing in the tf.data map, iterator inside the tf.function, tf.data prefetch 2")
+
+
+def run_dense(records, meter):
+    """The floor of every variant: the same step with the pooled embeddings
+    replaced by a constant (the MLP, its optimizer, the input pipeline's
+    labels, the step function's call)."""
+    mlp = Mlp()
+    opt = v1_optimizer()
+    variables = list(mlp.trainable_variables)
+    pooled = tf.random.normal([w.BATCH, w.NUM_FEATURES * w.DIM], seed=3)
+
+    def train_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = bce(labels, mlp(pooled))
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    train(dataset(records, ARGS.steps).prefetch(2), train_step, meter)
+    return "no embeddings: the MLP on a constant input, v1 Adagrad, iterator inside the tf.function"
 
 
 def run_tfra(records, meter):
@@ -133,7 +165,6 @@ def run_tfra(records, meter):
             w.LEARNING_RATE, initial_accumulator_value=w.INITIAL_ACCUMULATOR)
     opt = de.DynamicEmbeddingOptimizer(inner)
 
-    @tf.function
     def train_step(features, labels):
         with tf.GradientTape() as tape:
             pooled = []
@@ -153,6 +184,8 @@ def run_tfra(records, meter):
         return loss
 
     train(dataset(records, ARGS.steps).prefetch(2), train_step, meter)
+    return ("de.keras.layers.Embedding per feature, DynamicEmbeddingOptimizer(legacy Adagrad); "
+            "iterator inside the tf.function, tf.data prefetch 2")
 
 
 def run_ember(records, meter, client):
@@ -166,12 +199,11 @@ def run_ember(records, meter, client):
                    initializer={"normal": {"stddev": 1.0}, "seed": f})
               for f in range(w.NUM_FEATURES)]
     layer = etf.EmbeddingLayer(client, [(n, f"seed_t{f}", w.combiner(f)) for f, n in enumerate(NAMES)],
-                               tables=tables, staleness=0)
+                               tables=tables, staleness=ARGS.staleness)
     mlp = Mlp()
     opt = v1_optimizer()
     variables = list(mlp.trainable_variables)
 
-    @tf.function
     def train_step(step, labels):
         with tf.GradientTape() as tape:
             pooled = layer(step)
@@ -189,7 +221,8 @@ def run_ember(records, meter, client):
     layer.flush()
     stats = layer.pipeline.stats()
     layer.close()
-    return {"wait_ms_per_step": stats["wait_seconds"] * 1e3 / max(stats["steps_waited"], 1)}
+    return {"wait_ms_per_step": stats["wait_seconds"] * 1e3 / max(stats["steps_waited"], 1),
+            "config": w.ember_config(ARGS) + "; v1 Adagrad for the MLP; iterator inside the tf.function"}
 
 
 def main():
@@ -200,8 +233,9 @@ def main():
         result = w.run_on_ember(ARGS, lambda client, meter: run_ember(records, meter, client))
     else:
         meter = w.Meter(ARGS.warmup)
-        (run_native if ARGS.mode == "native" else run_tfra)(records, meter)
-        result = meter.result()
+        run = {"native": run_native, "tfra": run_tfra, "dense": run_dense}[ARGS.mode]
+        config = run(records, meter)
+        result = meter.result(config=config)
     result.update(framework="tensorflow", mode=ARGS.mode, tensorflow=tf.__version__,
                   steps=ARGS.steps, compute_ms=ARGS.compute_ms, scale=ARGS.scale)
     print(f"tensorflow {ARGS.mode}: loss curve {result['loss_curve']}")
