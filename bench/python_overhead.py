@@ -105,15 +105,20 @@ class Runner:
 
         ds = layer.prefetch(ds, ids, then=nothing).prefetch(2)
 
+        # The iterator inside the step function, as TF2 users run it: the
+        # step's number never crosses into Python.
+        iterator = iter(ds)
+
         @tf.function
-        def step_fn(step):
+        def step_fn():
+            step, _ = next(iterator)
             with tf.GradientTape() as tape:
                 pooled = layer(step)
                 loss = tf.add_n([tf.reduce_sum(pooled[n]) for n in NAMES])
             return tape.gradient(loss, [layer.anchor])
 
-        for step, _ in ds:
-            step_fn(step)
+        for _ in range(self.steps):
+            step_fn()
         layer.close()
 
 
