@@ -155,7 +155,10 @@ TEST_P(ServerIntegrationTest, ReflectionListsTheEmberServicesExceptOnTheAsyncApi
   grpc::Slice request_slice(std::string("\x3a\x00", 2));
   grpc::ByteBuffer request(&request_slice, 1);
   call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
-  ASSERT_TRUE(step(reinterpret_cast<void*>(2)));
+  // Where the method is not served, the server may end the call before the
+  // request is written: the write then fails, and only the status matters.
+  const bool written = step(reinterpret_cast<void*>(2));
+  if (served) ASSERT_TRUE(written);
   grpc::ByteBuffer response;
   call->Read(&response, reinterpret_cast<void*>(3));
   EXPECT_EQ(step(reinterpret_cast<void*>(3)), served);
