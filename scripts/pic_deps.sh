@@ -2,7 +2,8 @@
 # Builds the static, position-independent archives that libember_c.so links
 # so that it imports no gRPC, protobuf, Abseil, OpenSSL, re2 or zlib symbol
 # from the process (TensorFlow and PyTorch carry their own copies, exported
-# into the global scope: docs/python.md, "Beside TensorFlow and PyTorch").
+# into the global scope: docs/python.md, "One C ABI, sharing nothing with
+# the frameworks").
 #
 # Debian ships libgrpc*.a, libupb.a, libgpr.a, libaddress_sorting.a,
 # libcares.a, libssl.a and libcrypto.a position-independent, but not

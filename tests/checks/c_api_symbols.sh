@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fails if a library of the Python package could bind to another copy of
 # gRPC, protobuf, Abseil, OpenSSL, re2 or zlib in the process (TensorFlow
-# exports its own into the global scope; docs/python.md, "Beside TensorFlow
-# and PyTorch"):
+# exports its own into the global scope; docs/python.md, "One C ABI,
+# sharing nothing with the frameworks"):
 #   tests/checks/c_api_symbols.sh LIBEMBER_C EXTENSION [TF_OPS LIBTENSORFLOW_FRAMEWORK]
 # - libember_c.so defines (exports) only ember_* functions; the extension
 #   only its PyInit_ entry point; the TF op library nothing.
