@@ -2,6 +2,8 @@
 # Image runtime stage: the shared libraries of runtime-packages.txt, the
 # unprivileged user (uid 10001) and the data directory (checkpoints' PVC).
 set -eu
+# No debconf prompt can be answered during an image build.
+export DEBIAN_FRONTEND=noninteractive
 apt-get update
 grep -v '^#' "$(dirname "$0")/runtime-packages.txt" |
   xargs apt-get install -y --no-install-recommends ca-certificates
