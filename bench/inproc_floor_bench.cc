@@ -20,8 +20,6 @@
 // rounds) per dim, and each dim's total against the first.
 //
 //   build/bench/inproc_floor_bench [--dims=8,32,128 --rounds=5 --steps=400]
-#include <time.h>
-
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -34,6 +32,7 @@
 #include "bench/reference_workload.h"
 #include "client/dedup.h"
 #include "client/pooling.h"
+#include "common/process_cpu.h"
 #include "kernels/embedding_store.h"
 #include "kernels/table_config_proto.h"
 
@@ -52,12 +51,6 @@ namespace {
 enum Pass { kDedup, kFind, kPoolFwd, kPoolBwd, kApply, kPasses };
 constexpr const char* kPassNames[kPasses] = {"dedup", "find", "pool fwd", "pool bwd", "apply"};
 
-double ThreadCpuSeconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 void Check(const absl::Status& s, const char* what) {
   if (s.ok()) return;
   std::fprintf(stderr, "inproc_floor_bench: %s: %s\n", what, s.ToString().c_str());
@@ -67,8 +60,8 @@ void Check(const absl::Status& s, const char* what) {
 class Floor {
  public:
   Floor(const std::vector<bench::Feature>& features, uint32_t dim,
-        std::vector<std::vector<Batch>> rings)
-      : dim_(dim), rings_(std::move(rings)), tables_(features.size()) {
+        const std::vector<std::vector<Batch>>& rings)
+      : dim_(dim), rings_(rings), tables_(features.size()) {
     const size_t pipelines = rings_.size();
     for (const bench::Feature& f : features) {
       absl::StatusOr<v1::TableConfig> normal =
@@ -179,7 +172,7 @@ class Floor {
   Combiner Combine(size_t tb) const { return mean_[tb] ? Combiner::kMean : Combiner::kSum; }
 
   const uint32_t dim_;
-  const std::vector<std::vector<Batch>> rings_;  // [pipeline][batch]
+  const std::vector<std::vector<Batch>>& rings_;  // [pipeline][batch], the caller's
   const size_t tables_;
   size_t next_ = 0;
   std::vector<std::unique_ptr<EmbeddingStore>> stores_;
