@@ -11,9 +11,21 @@ and the table gives medians of wall and process-CPU ms per step:
   python out=   the same, waiting into preallocated arrays
   torch module  ember.torch.EmbeddingBagCollection: KeyedJaggedTensor in,
                 forward, values().sum().backward(), with prefetching
-  tf layer      ember.tf.EmbeddingLayer under tf.function with a tf.data
-                input pipeline (--framework tf; its own process, as TensorFlow
-                and PyTorch are best not mixed in one)
+  torch floor   the torch module's step without Ember: the same
+                KeyedJaggedTensors iterated, values().sum().backward() on a
+                [batch, sum of dims] leaf. Every PyTorch model pays this; the
+                module's own cost is what it adds over this plus the C++ loop.
+  tf input      (--framework tf) the TF layer's input pipeline and step
+                function without Ember: tf.data slicing the same 17 ragged
+                features, a map dropping them, next(iterator) inside a
+                tf.function. Every TF model pays this; the TF layer's own
+                cost is what it adds over this plus the C++ loop.
+  tf layer      ember.tf.EmbeddingLayer under tf.function with that tf.data
+                input pipeline, its 17 outputs concatenated as a model's
+                first dense layer takes them (--framework tf; its own
+                process, as TensorFlow and PyTorch are best not mixed in one)
+  tf packed     the same with EmbeddingLayer(packed=True): one
+                [batch, sum of dims] output and one gradient
 
     PYTHONPATH=build/python .venv/bin/python bench/python_overhead.py [--framework tf]
 """
@@ -66,14 +78,17 @@ class Runner:
                 pipe.wait(t, out=bufs)
                 pipe.push(t, zeros)
 
-    def torch_module(self, batches):
+    @staticmethod
+    def kjts(batches):
         import torch
         import ember.torch as et
-        kjts = []
-        for b in batches:
-            kjts.append(et.KeyedJaggedTensor(
-                NAMES, torch.from_numpy(np.concatenate([ids for _, ids in b.features])),
-                torch.from_numpy(np.concatenate([ls for ls, _ in b.features]))))
+        return [et.KeyedJaggedTensor(
+            NAMES, torch.from_numpy(np.concatenate([ids for _, ids in b.features])),
+            torch.from_numpy(np.concatenate([ls for ls, _ in b.features]))) for b in batches]
+
+    def torch_module(self, batches):
+        import ember.torch as et
+        kjts = self.kjts(batches)
         tables = [et.EmbeddingBagConfig(f"ov_t{f}", w.DIM, [n], pooling=w.combiner(f),
                                         optimizer={"adagrad": {"learning_rate": 0.01}})
                   for f, n in enumerate(NAMES)]
@@ -84,26 +99,53 @@ class Runner:
             for kjt in et.prefetching(stream, ebc):
                 ebc(kjt).values().sum().backward()
 
-    def tf_layer(self, batches):
+    def torch_floor(self, batches):
+        import torch
+        kjts = self.kjts(batches)
+        for t in range(self.steps):
+            kjt = kjts[t % len(kjts)]
+            kjt.values()
+            x = torch.zeros((w.BATCH, w.NUM_FEATURES * w.DIM), requires_grad=True)
+            x.sum().backward()
+
+    def tf_dataset(self, batches):
+        """[num_batches, batch, (ids)] per feature, sliced per step by tf.data."""
+        import tensorflow as tf
+        stacked = {n: tf.RaggedTensor.from_row_lengths(
+            tf.RaggedTensor.from_row_lengths(np.concatenate([b.features[f][1] for b in batches]),
+                                             np.concatenate([b.features[f][0] for b in batches])),
+            np.full(len(batches), w.BATCH, dtype=np.int64)) for f, n in enumerate(NAMES)}
+        return tf.data.Dataset.from_tensor_slices(stacked).repeat().take(self.steps)
+
+    def tf_input(self, batches):
+        import tensorflow as tf
+        ds = self.tf_dataset(batches).enumerate().map(
+            lambda step, x: (step, tf.zeros([], tf.int8))).prefetch(2)
+        iterator = iter(ds)
+
+        @tf.function
+        def step_fn():
+            step, _ = next(iterator)
+            return step
+
+        for _ in range(self.steps):
+            step_fn()
+
+    def tf_layer(self, batches, packed=False):
         import tensorflow as tf
         import ember.tf as etf
         self.worker += 1
         layer = etf.EmbeddingLayer(self.client, [(n, f"ov_t{f}", w.combiner(f))
                                                  for f, n in enumerate(NAMES)],
-                                   staleness=0, worker_id=self.worker)
-        # [num_batches, batch, (ids)] per feature, sliced per step by tf.data.
-        stacked = {n: tf.RaggedTensor.from_row_lengths(
-            tf.RaggedTensor.from_row_lengths(np.concatenate([b.features[f][1] for b in batches]),
-                                             np.concatenate([b.features[f][0] for b in batches])),
-            np.full(len(batches), w.BATCH, dtype=np.int64)) for f, n in enumerate(NAMES)}
-        ds = tf.data.Dataset.from_tensor_slices(stacked).repeat().take(self.steps)
+                                   staleness=0, worker_id=self.worker, packed=packed)
+
         def ids(x):
             return x
 
         def nothing(x):  # the step needs no inputs but its number
             return tf.zeros([], tf.int8)
 
-        ds = layer.prefetch(ds, ids, then=nothing).prefetch(2)
+        ds = layer.prefetch(self.tf_dataset(batches), ids, then=nothing).prefetch(2)
 
         # The iterator inside the step function, as TF2 users run it: the
         # step's number never crosses into Python.
@@ -114,7 +156,9 @@ class Runner:
             step, _ = next(iterator)
             with tf.GradientTape() as tape:
                 pooled = layer(step)
-                loss = tf.add_n([tf.reduce_sum(pooled[n]) for n in NAMES])
+                # A model's first dense layer takes the features side by side.
+                x = pooled if packed else tf.concat([pooled[n] for n in NAMES], 1)
+                loss = tf.reduce_sum(x)
             return tape.gradient(loss, [layer.anchor])
 
         for _ in range(self.steps):
@@ -147,9 +191,12 @@ def main():
         variants = {"c++ loop": lambda: run.native(csr), "python": lambda: run.python(csr),
                     "python out=": lambda: run.python(csr, out=True)}
         if args.framework == "torch":
+            variants["torch floor"] = lambda: run.torch_floor(batches)
             variants["torch module"] = lambda: run.torch_module(batches)
         else:
+            variants["tf input"] = lambda: run.tf_input(batches)
             variants["tf layer"] = lambda: run.tf_layer(batches)
+            variants["tf packed"] = lambda: run.tf_layer(batches, packed=True)
         for fn in variants.values():  # warm the tables and the code
             fn()
         results = {name: [] for name in variants}
@@ -163,6 +210,15 @@ def main():
         wall = statistics.median(r[0] for r in rs) * 1e3 / args.steps
         cpu = statistics.median(r[1] for r in rs) * 1e3 / args.steps
         print(f"{name:<14} {wall:8.3f} {cpu:12.3f} {wall - base_wall:11.3f} {cpu - base_cpu:8.3f}")
+    med = {name: (statistics.median(r[0] for r in rs) * 1e3 / args.steps,
+                  statistics.median(r[1] for r in rs) * 1e3 / args.steps)
+           for name, rs in results.items()}
+    floor = "tf input" if args.framework == "tf" else "torch floor"
+    for name in ("tf layer", "tf packed", "torch module"):
+        if name in med:
+            own = [med[name][i] - med[floor][i] - med["c++ loop"][i] for i in (0, 1)]
+            print(f"{name}'s own cost ({name} - {floor} - c++ loop): {own[0]:.3f} ms/step, "
+                  f"{own[1]:.3f} cpu ms/step")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ def _lookup_gradient(op, *grads):
     return [None, anchor_grad]
 
 
+@tf.RegisterGradient("EmberLookupPacked")
+def _lookup_packed_gradient(op, grad):
+    grad = tf.zeros_like(op.outputs[0]) if grad is None else tf.convert_to_tensor(grad, tf.float32)
+    return [None, _ops.ember_push_packed(step=op.inputs[0], grad=grad,
+                                         pipeline=op.get_attr("pipeline"))]
+
+
 def _csr(ids, weights=None):
     """(offsets int64 [batch + 1], keys int64, weights float32 or None) of one
     feature given as RaggedTensor or SparseTensor."""
@@ -73,13 +80,17 @@ class EmbeddingLayer(tf.keras.layers.Layer):
     prefetch_depth / first_step / early_fetch: the pipeline's
     (ember.StepPipeline; early_fetch brings the next step's rows forward
     exactly at staleness 0).
-    Outputs {feature name: [batch, dim] float32}.
+    Outputs {feature name: [batch, dim] float32}; with packed=True one
+    [batch, sum of dims] float32 tensor instead, the features side by side
+    in the order given (TorchRec's KeyedTensor layout): one output and one
+    gradient for all features, cheaper when the model concatenates them
+    anyway (layer.offsets gives each feature's first column).
     """
 
     def __init__(self, client: Client, features: Sequence, *, tables: Sequence[Mapping] = (),
                  staleness: int = 0, worker_id: int = 0, prefetch_depth: int = -1,
                  first_step: int = 0, weighted: bool = False, early_fetch: bool = True,
-                 **kwargs):
+                 packed: bool = False, **kwargs):
         super().__init__(**kwargs)
         for t in tables:
             client.create_table(**t)
@@ -91,6 +102,7 @@ class EmbeddingLayer(tf.keras.layers.Layer):
         self._handle = self._pipe._handle
         self._first_step = first_step
         self._weighted = weighted
+        self._packed = packed
         self._anchor = self.add_weight(name="ember_anchor", shape=(0,), initializer="zeros",
                                        trainable=True)
         # The step of the next call on features (the mode without prefetch).
@@ -112,6 +124,14 @@ class EmbeddingLayer(tf.keras.layers.Layer):
     @property
     def feature_names(self) -> List[str]:
         return self._names
+
+    @property
+    def offsets(self) -> List[int]:
+        """Feature f's columns in the packed output: [offsets[f], offsets[f + 1])."""
+        out = [0]
+        for d in self._dims:
+            out.append(out[-1] + d)
+        return out
 
     def prefetch_op(self, step, features: Mapping[str, Any],
                     weights: Optional[Mapping[str, Any]] = None):
@@ -164,12 +184,17 @@ class EmbeddingLayer(tf.keras.layers.Layer):
             step = self.prefetch_op(step, inputs)
         else:
             step = tf.reshape(tf.cast(inputs, tf.int64), [-1])[0]
+        if self._packed:
+            return _ops.ember_lookup_packed(step=step, anchor=self._anchor, pipeline=self._handle,
+                                            total_dim=sum(self._dims))
         pooled = _ops.ember_lookup(step=step, anchor=self._anchor, pipeline=self._handle,
                                    dims=self._dims, N=len(self._dims))
         return dict(zip(self._names, pooled))
 
     def compute_output_spec(self, inputs):  # Keras 3 functional models
         import keras
+        if self._packed:
+            return keras.KerasTensor((None, sum(self._dims)), dtype="float32")
         return {n: keras.KerasTensor((None, d), dtype="float32")
                 for n, d in zip(self._names, self._dims)}
 

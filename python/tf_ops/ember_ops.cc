@@ -5,7 +5,12 @@
 //   EmberLookup(step, anchor) -> pooled[N]
 //       waits for the step's rows: [batch, dim_f] float32 per feature;
 //   EmberPush(step, grads[N]) -> anchor_grad
-//       pushes d(pooled); the gradient of EmberLookup (python/ember/tf.py).
+//       pushes d(pooled); the gradient of EmberLookup (python/ember/tf.py);
+//   EmberLookupPacked(step, anchor) -> pooled, EmberPushPacked(step, grad)
+//       the same with every feature side by side in one [batch, sum of dims]
+//       tensor (TorchRec's KeyedTensor layout): one output and one gradient
+//       instead of N, so a model that concatenates the features pays no
+//       concat and no per-feature slices in its backward.
 //
 // The pipeline is an attribute (the address of an ember_pipeline made by the
 // Python package in this process). Lookup may block on the network, so it is
@@ -50,6 +55,8 @@ struct EmberApi {
   decltype(&ember_pipeline_prefetch_blocking) prefetch_blocking = nullptr;
   decltype(&ember_pipeline_wait) wait = nullptr;
   decltype(&ember_pipeline_push) push = nullptr;
+  decltype(&ember_pipeline_wait_packed) wait_packed = nullptr;
+  decltype(&ember_pipeline_push_packed) push_packed = nullptr;
   std::string error;
 
   static const EmberApi& Get() {
@@ -84,7 +91,12 @@ struct EmberApi {
         reinterpret_cast<decltype(api.prefetch_blocking)>(dlsym(lib, "ember_pipeline_prefetch_blocking"));
     api.wait = reinterpret_cast<decltype(api.wait)>(dlsym(lib, "ember_pipeline_wait"));
     api.push = reinterpret_cast<decltype(api.push)>(dlsym(lib, "ember_pipeline_push"));
-    if (!api.last_error || !api.prefetch_blocking || !api.wait || !api.push) {
+    api.wait_packed =
+        reinterpret_cast<decltype(api.wait_packed)>(dlsym(lib, "ember_pipeline_wait_packed"));
+    api.push_packed =
+        reinterpret_cast<decltype(api.push_packed)>(dlsym(lib, "ember_pipeline_push_packed"));
+    if (!api.last_error || !api.prefetch_blocking || !api.wait || !api.push || !api.wait_packed ||
+        !api.push_packed) {
       api.error = path + " lacks a function this op library needs (a different build?)";
     }
     return api;
@@ -217,10 +229,16 @@ class PrefetchOp : public OpKernel {
   float timeout_ = 600;
 };
 
+// EmberLookup and EmberLookupPacked.
 class LookupOp : public AsyncOpKernel {
  public:
-  explicit LookupOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  explicit LookupOp(OpKernelConstruction* ctx)
+      : AsyncOpKernel(ctx), packed_(ctx->def().op() == "EmberLookupPacked") {
     OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
+    if (packed_) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("total_dim", &total_dim_));
+      return;
+    }
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims_));
     int n = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
@@ -241,6 +259,16 @@ class LookupOp : public AsyncOpKernel {
   absl::Status Lookup(OpKernelContext* ctx, int64_t step) {
     const EmberApi& api = EmberApi::Get();
     int64_t batch = 0;
+    if (packed_) {
+      int code = api.wait_packed(pipeline_, step, &batch, nullptr, 0);
+      if (code != 0) return FromEmber(code, "EmberLookupPacked");
+      Tensor* t = nullptr;
+      auto s = ctx->allocate_output(0, TensorShape({batch, total_dim_}), &t);
+      if (!s.ok()) return s;
+      code = api.wait_packed(pipeline_, step, &batch, t->flat<float>().data(),
+                             static_cast<size_t>(t->NumElements()));
+      return code == 0 ? absl::OkStatus() : FromEmber(code, "EmberLookupPacked");
+    }
     int code = api.wait(pipeline_, step, &batch, nullptr, nullptr, 0);
     if (code != 0) return FromEmber(code, "EmberLookup");
     std::vector<float*> out(dims_.size());
@@ -256,22 +284,35 @@ class LookupOp : public AsyncOpKernel {
     return code == 0 ? absl::OkStatus() : FromEmber(code, "EmberLookup");
   }
 
+  const bool packed_;
   ember_pipeline* pipeline_ = nullptr;
   std::vector<int64_t> dims_;
+  int64_t total_dim_ = 0;
   Worker worker_;
 };
 
 // Push copies the gradients and returns at once: an ordinary kernel.
+// EmberPush and EmberPushPacked.
 class PushOp : public OpKernel {
  public:
-  explicit PushOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit PushOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), packed_(ctx->def().op() == "EmberPushPacked") {
     OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    if (!packed_) OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     int64_t step = 0;
     OP_REQUIRES_OK(ctx, ScalarStep(ctx, &step));
+    Tensor* out = nullptr;
+    if (packed_) {
+      const Tensor& g = ctx->input(1);
+      const int code = EmberApi::Get().push_packed(pipeline_, step, g.flat<float>().data(),
+                                                   static_cast<size_t>(g.NumElements()));
+      OP_REQUIRES(ctx, code == 0, FromEmber(code, "EmberPushPacked"));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0}), &out));
+      return;
+    }
     std::vector<const float*> grads(n_);
     std::vector<size_t> lens(n_);
     for (int f = 0; f < n_; ++f) {
@@ -281,11 +322,11 @@ class PushOp : public OpKernel {
     }
     const int code = EmberApi::Get().push(pipeline_, step, grads.data(), lens.data(), grads.size());
     OP_REQUIRES(ctx, code == 0, FromEmber(code, "EmberPush"));
-    Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0}), &out));
   }
 
  private:
+  const bool packed_;
   ember_pipeline* pipeline_ = nullptr;
   int n_ = 0;
 };
@@ -334,6 +375,35 @@ REGISTER_OP("EmberPush")
       return absl::OkStatus();
     });
 
+REGISTER_OP("EmberLookupPacked")
+    .Input("step: int64")
+    .Input("anchor: float")
+    .Output("pooled: float")
+    .Attr("pipeline: int")
+    .Attr("total_dim: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      int64_t total_dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("total_dim", &total_dim));
+      c->set_output(
+          0, c->Matrix(tensorflow::shape_inference::InferenceContext::kUnknownDim, total_dim));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("EmberPushPacked")
+    .Input("step: int64")
+    .Input("grad: float")
+    .Output("anchor_grad: float")
+    .Attr("pipeline: int")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(0));
+      return absl::OkStatus();
+    });
+
 REGISTER_KERNEL_BUILDER(Name("EmberPrefetch").Device(tensorflow::DEVICE_CPU), ember_tf::PrefetchOp);
 REGISTER_KERNEL_BUILDER(Name("EmberLookup").Device(tensorflow::DEVICE_CPU), ember_tf::LookupOp);
 REGISTER_KERNEL_BUILDER(Name("EmberPush").Device(tensorflow::DEVICE_CPU), ember_tf::PushOp);
+REGISTER_KERNEL_BUILDER(Name("EmberLookupPacked").Device(tensorflow::DEVICE_CPU),
+                        ember_tf::LookupOp);
+REGISTER_KERNEL_BUILDER(Name("EmberPushPacked").Device(tensorflow::DEVICE_CPU), ember_tf::PushOp);

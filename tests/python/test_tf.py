@@ -113,6 +113,56 @@ def test_sparse_tensor_input_without_prefetch_pooled_in_the_same_step(client):
     layer.close()
 
 
+def test_packed_output_is_the_features_side_by_side_and_trains_the_same_rows(client):
+    """packed=True: one [batch, 3 + 5] tensor equal to the concatenation of
+    the per-feature outputs, and its one gradient moves the rows exactly as
+    the per-feature gradients do (two copies of the same tables)."""
+    rng = np.random.default_rng(8)
+    pairs = []
+    for copy in range(2):
+        names = [next(_names), next(_names)]
+        for name, dim, seed in zip(names, (3, 5), (4, 5)):
+            client.create_table(name, dim, optimizer={"adagrad": {"learning_rate": 0.1}},
+                                initializer={"uniform": {"min": -1, "max": 1}, "seed": seed})
+        pairs.append(names)
+    plain = etf.EmbeddingLayer(client, [("a", pairs[0][0]), ("b", pairs[0][1], "mean")],
+                               worker_id=31)
+    packed = etf.EmbeddingLayer(client, [("a", pairs[1][0]), ("b", pairs[1][1], "mean")],
+                                worker_id=32, packed=True)
+    assert packed.offsets == [0, 3, 8]
+    batches = ragged_batches(rng, 6, batch=7, vocab=20)
+    weights = [tf.constant(rng.normal(size=(7, 8)).astype(np.float32)) for _ in range(5)]
+
+    def step_fn(layer):
+        @tf.function
+        def fn(a, b, weight):
+            with tf.GradientTape() as tape:
+                out = layer({"a": a, "b": b})
+                x = out if layer is packed else tf.concat([out["a"], out["b"]], 1)
+                loss = tf.reduce_sum(x * weight)
+            tape.gradient(loss, layer.trainable_variables)
+            return x
+        return fn
+
+    keys = np.arange(20, dtype=np.int64)
+    initial = [client.lookup_rows(pairs[c][f], keys, read_only=False)
+               for c in range(2) for f in range(2)]
+    fns = [step_fn(plain), step_fn(packed)]
+    for t in range(5):
+        outs = [fn(batches[t], batches[t + 1], weights[t]) for fn in fns]
+        assert outs[1].shape == (7, 8)
+        np.testing.assert_array_equal(outs[1].numpy(), outs[0].numpy())
+    plain.flush()
+    packed.flush()
+    for f in range(2):
+        trained = client.lookup_rows(pairs[0][f], keys)
+        assert not np.array_equal(trained, initial[f]), "the rows did not train"
+        np.testing.assert_array_equal(client.lookup_rows(pairs[1][f], keys), trained)
+    assert packed.pipeline.stats()["steps_pushed"] == 5
+    plain.close()
+    packed.close()
+
+
 def test_lookup_of_a_step_never_prefetched_raises_with_the_pipelines_message(client):
     _, layer = new_layer(client, 2, worker_id=23)
     with pytest.raises(tf.errors.FailedPreconditionError, match="prefetch it first"):
