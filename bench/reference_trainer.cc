@@ -9,11 +9,14 @@
 //   forward through push t on the trainer; prefetch on is then plain s = 0).
 // Prints steps/s, step time, the exposed embedding wait per step, the
 // efficiency = baseline step time / step time, and the CPU per pipeline-step
-// of the trainer, of the shards (from GetShardInfo) and of both.
+// of the trainer, of the shards (from GetShardInfo) and of both. SIGTERM or
+// SIGINT ends the running configuration at a step boundary, skips the rest
+// and prints what was measured (exit 0).
 #include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <limits>
 #include <thread>
@@ -90,6 +93,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// SIGTERM or SIGINT (a container being stopped, ^C): every run ends at its
+// next step boundary as if its time were up, the configurations not yet run
+// are skipped, and what was measured is printed before a clean exit.
+std::atomic<bool> stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
+void RequestStop(int) { stop_requested.store(true); }
+
+// Whether a run that started at `start` should end: its time is up, or a
+// stop was requested.
+bool TimeUp(Clock::time_point start, double seconds) {
+  return stop_requested.load() ||
+         std::chrono::duration<double>(Clock::now() - start).count() >= seconds;
+}
+
 void Compute(double ms, bool busy) {
   if (ms <= 0) return;
   if (!busy) {
@@ -153,9 +171,7 @@ RunResult RunBaseline(const Config& c, bool lockstep = false) {
   std::atomic<int64_t> steps{0};
   const auto start = Clock::now();
   bool stop = false;  // written by the barrier's completion only
-  std::barrier meet(c.pipelines, [&]() noexcept {
-    stop = std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds;
-  });
+  std::barrier meet(c.pipelines, [&]() noexcept { stop = TimeUp(start, c.seconds); });
   for (int p = 0; p < c.pipelines; ++p) {
     threads.emplace_back([&] {
       int64_t n = 0;
@@ -163,7 +179,7 @@ RunResult RunBaseline(const Config& c, bool lockstep = false) {
         if (lockstep) {
           meet.arrive_and_wait();
           if (stop) break;
-        } else if (std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds) {
+        } else if (TimeUp(start, c.seconds)) {
           break;
         }
         Compute(c.compute_ms, c.busy);
@@ -285,7 +301,7 @@ RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker
       double input_cpu = 0;  // taking batches from the source, this thread
       const auto start = Clock::now();
       for (; t < stop_step.load(); ++t) {
-        if (std::chrono::duration<double>(Clock::now() - start).count() >= c.seconds) {
+        if (TimeUp(start, c.seconds)) {
           // Time is up: the first pipeline to see it sets the last step for
           // all (merged pipelines must make the same calls), a few steps
           // ahead of any of them.
@@ -460,6 +476,7 @@ int Run() {
   int done = 0;
   for (int pipelines : pipeline_counts) {
     for (double ms : computes) {
+      if (stop_requested.load()) break;
       Config c{pipelines, ms, busy, absl::GetFlag(FLAGS_seconds)};
       // Without the baseline row, efficiency is against the compute alone.
       double base_ms = ms;
@@ -580,5 +597,10 @@ int Run() {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ember::DisableAbslDeadlockDetection();  // see common/abseil_mode.h
+  // In a container the trainer is process 1, which the kernel sends no
+  // default-fatal signal to: without handlers `docker stop` waits out its
+  // grace period and kills it.
+  std::signal(SIGTERM, ember::bench::RequestStop);
+  std::signal(SIGINT, ember::bench::RequestStop);
   return ember::bench::Run();
 }

@@ -26,7 +26,7 @@ grpc::Status AdminServiceImpl::CreateTable(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::ListTables(grpc::ServerContext* context,
                                           const v1::ListTablesRequest*,
                                           v1::ListTablesResponse* response) {
-  EMBER_AUTHORIZE(context, Role::kTrainer, "ListTables");
+  EMBER_AUTHORIZE(context, Role::kReader, "ListTables");
   shard_->ListTables(response);
   return grpc::Status::OK;
 }
@@ -43,7 +43,7 @@ grpc::Status AdminServiceImpl::DropTable(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::GetShardInfo(grpc::ServerContext* context,
                                             const v1::GetShardInfoRequest*,
                                             v1::GetShardInfoResponse* response) {
-  EMBER_AUTHORIZE(context, Role::kTrainer, "GetShardInfo");
+  EMBER_AUTHORIZE(context, Role::kReader, "GetShardInfo");
   shard_->GetShardInfo(response);
   return grpc::Status::OK;
 }

@@ -25,7 +25,9 @@ int List(const std::string& dir) {
     std::fprintf(stderr, "ember-checkpoint: '%s' is not a directory\n", dir.c_str());
     return 1;
   }
-  const ember::CheckpointListing listing = ember::ListCheckpointDirectory(ember::FileSystem::Posix(), dir);
+  // Every data file is read against its manifest: what is listed restores.
+  const ember::CheckpointListing listing =
+      ember::ListCheckpointDirectory(ember::FileSystem::Posix(), dir, ember::ListCheck::kDataFiles);
   std::printf("| id | kind | parent | sequence | shard | step | workers | tables | rows | bytes | created |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const auto& m : listing.valid) {

@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -17,8 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "common/key_hash.h"
 #include "common/status_macros.h"
-#include "server/checkpoint_format.h"
 #include "kernels/table_config_proto.h"
+#include "server/checkpoint_format.h"
 #include "spdlog/spdlog.h"
 
 #ifndef EMBER_VERSION
@@ -62,6 +63,44 @@ std::string BaseName(const std::string& path) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+// Applies one table's data file to its store; a null store: reads and
+// verifies the whole file as a restore does (every check but the store's
+// own), keeping nothing.
+absl::Status LoadTableFile(FileSystem* fs, const std::string& path,
+                           const v1::CheckpointTable& entry, const TableConfig& config,
+                           EmbeddingStore* store) {
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TableFileReader> reader,
+                         TableFileReader::Open(fs, path, entry, config));
+  if (store != nullptr) store->Reserve(entry.rows());
+  SnapshotBatch batch;
+  bool done = false;
+  while (true) {
+    EMBER_RETURN_IF_ERROR(reader->Next(&batch, &done));
+    if (done) return absl::OkStatus();
+    if (store == nullptr) continue;
+    EMBER_RETURN_IF_ERROR(store->Erase(batch.removed).status());
+    if (absl::Status s = store->Import(batch.rows); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("checkpoint file '", path, "': ", s.message()));
+    }
+  }
+}
+
+// A checkpoint's table files, each read whole against its manifest entry.
+absl::Status VerifyTableFiles(FileSystem* fs, const std::string& path,
+                              const v1::CheckpointManifest& manifest) {
+  for (const v1::CheckpointTable& entry : manifest.tables()) {
+    absl::StatusOr<TableConfig> config = TableConfigFromProto(entry.config());
+    if (!config.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file '", JoinPath(path, kManifestFileName), "': table '",
+                       entry.config().name(), "': ", config.status().message()));
+    }
+    EMBER_RETURN_IF_ERROR(
+        LoadTableFile(fs, JoinPath(path, entry.file()), entry, *config, /*store=*/nullptr));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckpointerOptions::Validate() const {
@@ -83,7 +122,8 @@ absl::Status CheckpointerOptions::Validate() const {
   return absl::OkStatus();
 }
 
-CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& directory) {
+CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& directory,
+                                          ListCheck check) {
   CheckpointListing listing;
   auto names = fs->ListDir(directory);
   if (!names.ok()) return listing;
@@ -102,6 +142,25 @@ CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& dir
   }
   std::sort(listing.valid.begin(), listing.valid.end(),
             [](const auto& a, const auto& b) { return a.sequence() < b.sequence(); });
+  if (check == ListCheck::kManifests) return listing;
+  // By sequence, so that a parent is judged before its deltas.
+  std::vector<v1::CheckpointManifest> verified;
+  std::set<std::string> accepted;
+  for (v1::CheckpointManifest& m : listing.valid) {
+    absl::Status s;
+    if (m.kind() == v1::CHECKPOINT_KIND_DELTA && !accepted.contains(m.parent_id())) {
+      s = absl::DataLossError(
+          absl::StrCat("its parent '", m.parent_id(), "' is refused or missing"));
+    }
+    if (s.ok()) s = VerifyTableFiles(fs, JoinPath(directory, m.id()), m);
+    if (s.ok()) {
+      accepted.insert(m.id());
+      verified.push_back(std::move(m));
+    } else {
+      listing.invalid.push_back(absl::StrCat(m.id(), ": ", s.message()));
+    }
+  }
+  listing.valid = std::move(verified);
   return listing;
 }
 
@@ -325,7 +384,8 @@ void Checkpointer::DeleteOld() {
 
 void Checkpointer::List(v1::ListCheckpointsResponse* response) {
   if (options_.directory.empty()) return;
-  CheckpointListing listing = ListCheckpointDirectory(fs_, options_.directory);
+  CheckpointListing listing =
+      ListCheckpointDirectory(fs_, options_.directory, ListCheck::kDataFiles);
   for (auto& m : listing.valid) *response->add_checkpoints() = std::move(m);
   for (auto& why : listing.invalid) response->add_invalid(std::move(why));
 }
@@ -398,25 +458,6 @@ absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
   }
   std::reverse(chain.begin(), chain.end());
   return chain;
-}
-
-// Applies one table's data file to its store.
-absl::Status LoadTableFile(FileSystem* fs, const std::string& path,
-                           const v1::CheckpointTable& entry, const TableConfig& config,
-                           EmbeddingStore* store) {
-  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TableFileReader> reader,
-                         TableFileReader::Open(fs, path, entry, config));
-  store->Reserve(entry.rows());
-  SnapshotBatch batch;
-  bool done = false;
-  while (true) {
-    EMBER_RETURN_IF_ERROR(reader->Next(&batch, &done));
-    if (done) return absl::OkStatus();
-    EMBER_RETURN_IF_ERROR(store->Erase(batch.removed).status());
-    if (absl::Status s = store->Import(batch.rows); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("checkpoint file '", path, "': ", s.message()));
-    }
-  }
 }
 
 // Builds the tables of a chain (base first) in fresh stores.

@@ -61,7 +61,16 @@ struct CheckpointListing {
   std::vector<v1::CheckpointManifest> valid;
   std::vector<std::string> invalid;
 };
-CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& directory);
+// How much of each checkpoint a listing verifies. kManifests reads only the
+// manifests (cheap: for sequence numbers and retention). kDataFiles also
+// reads every table file whole as a restore does (size, header, blocks,
+// counts, CRC32C) and refuses a delta whose parent is refused or missing:
+// what it lists as valid is what a restore would accept, short of the
+// memory to hold it, at the cost of reading every file (ListCheckpoints,
+// ember-checkpoint list).
+enum class ListCheck { kManifests, kDataFiles };
+CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& directory,
+                                          ListCheck check = ListCheck::kManifests);
 
 // Loads the checkpoint at `path` (its whole chain verified, as a restore
 // does) into fresh host-memory stores, for tools such as ember-export; no

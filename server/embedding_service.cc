@@ -1,13 +1,14 @@
 #include "server/embedding_service.h"
 
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/support/method_handler.h>
+
 #include <atomic>
 #include <memory>
 #include <optional>
 
-#include <google/protobuf/descriptor.h>
-#include <grpcpp/support/method_handler.h>
-
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/aliased_serialize.h"
 #include "common/wire.h"
@@ -44,6 +45,20 @@ absl::StatusOr<Ticket> Admit(InflightLimit* limit, const grpc::ServerContextBase
                              size_t bytes, absl::string_view rpc) {
   if (limit == nullptr) return Ticket();
   return limit->Acquire(context.peer(), bytes, rpc);
+}
+
+// A lookup that writes nothing (every table read_only) is a reader's call;
+// one that inserts rows is a trainer's.
+absl::Status AuthorizeLookup(const TokenAuth* auth, const grpc::ServerContextBase& context,
+                             const v1::LookupRequest& request) {
+  for (const v1::TableLookup& t : request.tables()) {
+    if (!t.read_only()) {
+      return Authorize(
+          auth, context, Role::kTrainer, "Lookup",
+          absl::StrCat("table '", t.table(), "' has read_only = false: it inserts rows"));
+    }
+  }
+  return Authorize(auth, context, Role::kReader, "Lookup");
 }
 
 // A call whose deadline passed while it queued is not worth starting.
@@ -134,7 +149,9 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           const v1::LookupRequest* request,
                                           v1::LookupResponse* response) {
   if (Expired(context)) return kExpired;
-  EMBER_AUTHORIZE_SYNC(*context, "Lookup");
+  if (absl::Status denied = AuthorizeLookup(auth_, *context, *request); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Lookup");
   return Measured(ShardMetrics::Rpc::kLookup, [&] { return shard_->Lookup(*request, response, Deadline(context)); });
 }

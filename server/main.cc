@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/abseil_mode.h"
+#include "server/protobuf_log.h"
 #include "server/server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
   ember::DisableAbslDeadlockDetection();  // see common/abseil_mode.h
   // Logs go to stderr; stdout carries only the EMBER_READY line.
   spdlog::set_default_logger(spdlog::stderr_color_mt("ember-server"));
+  // Before any thread parses a request: a client must not be able to write
+  // a log line per request (server/protobuf_log.h).
+  ember::RouteProtobufLogs();
 
   ember::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);

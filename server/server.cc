@@ -76,6 +76,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->auth_->SetMetrics(metrics);
     spdlog::info("authentication: {} bearer tokens from {}", server->auth_->size(),
                  options.auth_tokens_file);
+    if (!options.tls.enabled()) {
+      spdlog::warn(
+          "authentication without TLS: bearer tokens cross the network in plaintext, where "
+          "anyone on the path can read and reuse them; serve TLS (--tls_cert, --tls_key)");
+    }
   }
   server->inflight_ = std::make_unique<InflightLimit>(options.inflight, metrics);
   server->services_ =

@@ -1,6 +1,7 @@
 #include "server/token_auth.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -22,9 +23,19 @@ bool SameToken(absl::string_view known, absl::string_view presented) {
   return diff == 0;
 }
 
-absl::string_view RoleName(Role r) { return r == Role::kAdmin ? "admin" : "trainer"; }
-
 }  // namespace
+
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kReader:
+      return "reader";
+    case Role::kTrainer:
+      return "trainer";
+    case Role::kAdmin:
+      return "admin";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromFile(const std::string& path) {
   std::ifstream in(path);
@@ -51,15 +62,14 @@ absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromText(absl::string_view
           source, " line ", line_number, ": expected '<token> <role>', received ",
           fields.size(), " fields"));
     }
-    Role role;
-    if (fields[1] == "trainer") {
-      role = Role::kTrainer;
-    } else if (fields[1] == "admin") {
-      role = Role::kAdmin;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, " line ", line_number, ": expected role trainer or admin, received '",
-          fields[1], "'"));
+    std::optional<Role> role;
+    for (Role r : {Role::kReader, Role::kTrainer, Role::kAdmin}) {
+      if (fields[1] == RoleName(r)) role = r;
+    }
+    if (!role.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, " line ", line_number,
+                       ": expected role reader, trainer or admin, received '", fields[1], "'"));
     }
     if (fields[0].size() < 16) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -72,7 +82,7 @@ absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromText(absl::string_view
             absl::StrCat(source, " line ", line_number, ": the token is listed twice"));
       }
     }
-    auth->tokens_.emplace_back(std::string(fields[0]), role);
+    auth->tokens_.emplace_back(std::string(fields[0]), *role);
   }
   if (auth->tokens_.empty()) {
     return absl::InvalidArgumentError(
@@ -82,7 +92,7 @@ absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromText(absl::string_view
 }
 
 absl::Status TokenAuth::Check(const grpc::ServerContextBase& context, Role needed,
-                              absl::string_view rpc) const {
+                              absl::string_view rpc, absl::string_view why) const {
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
   absl::string_view presented;
@@ -100,9 +110,11 @@ absl::Status TokenAuth::Check(const grpc::ServerContextBase& context, Role neede
         rpc, ": ", it == metadata.end() ? "no 'authorization' metadata"
                                         : "the bearer token is not one this shard knows",
         "; expected 'authorization: Bearer <token>' with a token of --auth_tokens_file"));
-  } else if (needed == Role::kAdmin && match->second != Role::kAdmin) {
+  } else if (match->second < needed) {
     status = absl::PermissionDeniedError(absl::StrCat(
-        rpc, ": expected role admin, received a token of role ", RoleName(match->second)));
+        rpc, ": expected role ", RoleName(needed), needed == Role::kAdmin ? "" : " or above",
+        why.empty() ? "" : absl::StrCat(" (", why, ")"), ", received a token of role ",
+        RoleName(match->second)));
   }
   if (!status.ok() && metrics_ != nullptr) metrics_->RecordAuthDenied(rpc, status.code());
   return status;

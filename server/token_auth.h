@@ -1,10 +1,13 @@
 // Bearer-token authentication and roles for a shard's gRPC services.
 //
 // The tokens file (--auth_tokens_file) holds one "<token> <role>" per line;
-// blank lines and lines starting with '#' are skipped. Roles:
-//   trainer  Lookup, Push, Exchange, ExchangeStream, Register/UnregisterWorker,
-//            and the read-only admin calls (ListTables, GetShardInfo,
-//            ListCheckpoints);
+// blank lines and lines starting with '#' are skipped. Roles, each with the
+// rights of the ones before it:
+//   reader   calls that write nothing: Lookup whose every table has
+//            read_only = true, ListTables, GetShardInfo (serving and
+//            analytics clients);
+//   trainer  also Lookup that inserts rows, Push, Exchange, ExchangeStream,
+//            Register/UnregisterWorker, ListCheckpoints;
 //   admin    everything: also CreateTable, DropTable, Checkpoint.
 // A call carries "authorization: Bearer <token>" metadata. No token, or one
 // not in the file: UNAUTHENTICATED; a token whose role may not make the
@@ -28,7 +31,10 @@
 
 namespace ember {
 
-enum class Role { kTrainer, kAdmin };
+// In order of rights: a role may make every call of the roles before it.
+enum class Role { kReader, kTrainer, kAdmin };
+
+absl::string_view RoleName(Role role);
 
 class TokenAuth {
  public:
@@ -40,9 +46,11 @@ class TokenAuth {
   // `metrics` (null: none) must outlive this.
   void SetMetrics(ShardMetrics* metrics) { metrics_ = metrics; }
 
-  // OK when the call's token has a role that may make `rpc`, which needs `needed`.
-  absl::Status Check(const grpc::ServerContextBase& context, Role needed,
-                     absl::string_view rpc) const;
+  // OK when the call's token has a role that may make `rpc`, which needs
+  // `needed`; `why` (may be empty) says why the call needs it, for the
+  // refusal's message.
+  absl::Status Check(const grpc::ServerContextBase& context, Role needed, absl::string_view rpc,
+                     absl::string_view why = "") const;
 
   size_t size() const { return tokens_.size(); }
 
@@ -53,8 +61,8 @@ class TokenAuth {
 
 // OK when `auth` is null (no --auth_tokens_file); else auth->Check.
 inline absl::Status Authorize(const TokenAuth* auth, const grpc::ServerContextBase& context,
-                              Role needed, absl::string_view rpc) {
-  return auth == nullptr ? absl::OkStatus() : auth->Check(context, needed, rpc);
+                              Role needed, absl::string_view rpc, absl::string_view why = "") {
+  return auth == nullptr ? absl::OkStatus() : auth->Check(context, needed, rpc, why);
 }
 
 }  // namespace ember

@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -72,15 +74,22 @@ inline std::vector<std::string> ThreadNames(pid_t pid = 0) {
 // in `output`.
 inline int RunCommand(const std::vector<std::string>& args, const std::string& input,
                       std::string* output) {
-  const std::string in_path = ::testing::TempDir() + "/run_input.txt";
-  const std::string out_path = ::testing::TempDir() + "/run_output.txt";
+  // Per process and call: tests of several processes (ctest -j) share TempDir.
+  static std::atomic<int> calls{0};
+  const std::string stem = absl::StrCat(::testing::TempDir(), "/run_", getpid(), "_", calls++);
+  const std::string in_path = stem + "_input.txt";
+  const std::string out_path = stem + "_output.txt";
   std::ofstream(in_path) << input;
   std::string cmd;
   for (const auto& a : args) absl::StrAppend(&cmd, "'", a, "' ");
   absl::StrAppend(&cmd, "< '", in_path, "' > '", out_path, "' 2>&1");
   const int rc = std::system(cmd.c_str());
-  std::ifstream out(out_path);
-  output->assign(std::istreambuf_iterator<char>(out), {});
+  {
+    std::ifstream out(out_path);
+    output->assign(std::istreambuf_iterator<char>(out), {});
+  }
+  std::remove(in_path.c_str());
+  std::remove(out_path.c_str());
   return rc;
 }
 

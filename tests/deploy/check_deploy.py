@@ -135,6 +135,15 @@ def compose(path):
         check(env.get("EMBER_SHARD_INDEX") == str(i) and env.get("EMBER_SHARD_COUNT") == str(len(shards)),
               f"compose: {name} is shard {i} of {len(shards)}")
         check("healthcheck" in services[name], f"compose: {name} has a health check")
+        test = " ".join(services[name].get("healthcheck", {}).get("test", []))
+        check("--address" not in test,
+              f"compose: {name}'s health check follows EMBER_PORT (no --address: {test})")
+        flags = services[name].get("command", [])
+        mounts = [v.split(":")[1] for v in services[name].get("volumes", [])]
+        dirs = [f.split("=", 1)[1] for f in flags if f.startswith("--checkpoint_dir=")]
+        check(len(dirs) == 1 and any(dirs[0].startswith(m) for m in mounts),
+              f"compose: {name} checkpoints onto its volume ({dirs} under {mounts})")
+        check("--restore_from=latest" in flags, f"compose: {name} restores its latest checkpoint")
     check({"prometheus", "grafana"} <= services.keys(), "compose: Prometheus and Grafana")
     prom = yaml.safe_load(open(os.path.join(root, "prometheus.yml")))
     jobs = {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]]
@@ -169,10 +178,22 @@ def dockerfiles(repo):
                       f"{name}: {src} is not in .dockerignore")
         check("ENTRYPOINT [\"ember-shard\"]" in text, f"{name}: the entrypoint is ember-shard")
         check("HEALTHCHECK" in text and "ember-healthcheck" in text, f"{name}: a health check")
+        health = re.search(r"^HEALTHCHECK.*$", text, re.M).group(0)
+        check("--address" not in health and "50051" not in health,
+              f"{name}: the health check follows EMBER_PORT (no fixed address)")
         check(re.search(r"^USER 10001$", text, re.M) is not None, f"{name}: runs as uid 10001")
 
 
+def compose_shard_flags(path):
+    """Prints shard-0's ember-server flags (its compose `command`), one per line."""
+    for flag in yaml.safe_load(open(path))["services"]["shard-0"].get("command", []):
+        print(flag)
+    sys.exit(0)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "compose-shard-flags":
+        compose_shard_flags(*sys.argv[2:])
     {"manifests": manifests, "compose": compose, "dockerfiles": dockerfiles}[sys.argv[1]](*sys.argv[2:])
     print(f"{len(failures)} failed" if failures else "all checks passed")
     sys.exit(min(len(failures), 100))

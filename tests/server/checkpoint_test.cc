@@ -386,6 +386,16 @@ class DamagedCheckpointTest : public CheckpointTest {
         restore_as.shard_count != Options().shard_count) {
       return;  // every checkpoint here is another shard's
     }
+    // A listing that reads the data files (ListCheckpoints, ember-checkpoint
+    // list) refuses the damaged one too, naming it; the manifests alone may
+    // not show the damage.
+    CheckpointListing listing =
+        ListCheckpointDirectory(FileSystem::Posix(), dir_, ListCheck::kDataFiles);
+    ASSERT_EQ(listing.valid.size(), 1u);
+    EXPECT_EQ(listing.valid[0].id(), first->manifest().id());
+    ASSERT_EQ(listing.invalid.size(), 1u);
+    EXPECT_EQ(listing.invalid[0].rfind(second->manifest().id() + ": ", 0), 0u)
+        << listing.invalid[0];
     auto latest = Restored("latest");
     ASSERT_OK(latest);
     EXPECT_EQ(ContentsOf(**latest), at_first);
@@ -617,6 +627,35 @@ TEST_F(CheckpointTest, LatestWithNothingValidFailsListingWhyEachWasRefused) {
       << restored.status();
   EXPECT_NE(restored.status().message().find("CRC32C mismatch"), std::string::npos)
       << restored.status();
+}
+
+TEST_F(CheckpointTest, AVerifiedListingRefusesTheDeltasOfADamagedCheckpoint) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 3);
+  auto full = Take(checkpointer);
+  ASSERT_OK(full);
+  Train(3, 6);
+  auto delta = Take(checkpointer, /*incremental=*/true);
+  ASSERT_OK(delta);
+  ASSERT_EQ(delta->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+  const v1::CheckpointTable& table = full->manifest().tables(0);
+  FlipByte(JoinPath(full->path(), table.file()), table.file_bytes() / 2);
+
+  // The manifests are intact: only reading the data shows the damage.
+  EXPECT_EQ(ListCheckpointDirectory(FileSystem::Posix(), dir_).valid.size(), 2u);
+  CheckpointListing listing =
+      ListCheckpointDirectory(FileSystem::Posix(), dir_, ListCheck::kDataFiles);
+  EXPECT_TRUE(listing.valid.empty());
+  ASSERT_EQ(listing.invalid.size(), 2u);
+  EXPECT_NE(listing.invalid[0].find(table.file()), std::string::npos) << listing.invalid[0];
+  EXPECT_NE(listing.invalid[0].find("CRC32C mismatch"), std::string::npos) << listing.invalid[0];
+  EXPECT_EQ(listing.invalid[1], absl::StrCat(delta->manifest().id(), ": its parent '",
+                                             full->manifest().id(), "' is refused or missing"));
+  // ListCheckpoints answers the same.
+  v1::ListCheckpointsResponse answered;
+  checkpointer.List(&answered);
+  EXPECT_EQ(answered.checkpoints_size(), 0);
+  EXPECT_EQ(answered.invalid_size(), 2);
 }
 
 TEST_F(CheckpointTest, LatestInAnEmptyDirectoryStartsEmpty) {

@@ -9,12 +9,14 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/aliased_serialize.h"
 #include "common/dtype.h"
 #include "common/wire.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -115,11 +117,20 @@ TEST_P(ServerIntegrationTest, HealthServiceReportsServingForTheServerAndEachEmbe
   EXPECT_NE(unknown.message().find("no.such.Service"), std::string::npos) << unknown;
 }
 
-TEST_P(ServerIntegrationTest, HealthcheckToolExitsZeroWhenServingAndOneNamingTheAddressWhenDown) {
+TEST_P(ServerIntegrationTest,
+       HealthcheckToolExitsZeroWhenServingOnItsAddressOrEmberPortAndOneNamingTheAddressWhenDown) {
   std::string out;
   EXPECT_EQ(RunCommand({EMBER_HEALTHCHECK_BIN, "--address=" + server_->address()}, "", &out), 0)
       << out;
   EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+  // Without --address it checks 127.0.0.1 on $EMBER_PORT, as the images'
+  // HEALTHCHECK runs it.
+  EXPECT_EQ(
+      RunCommand({"env", "EMBER_PORT=" + std::to_string(server_->port()), EMBER_HEALTHCHECK_BIN},
+                 "", &out),
+      0)
+      << out;
+  EXPECT_NE(out.find(server_->address() + ": SERVING"), std::string::npos) << out;
   ASSERT_OK(server_->Stop(SIGTERM, absl::Seconds(20)));
   const int rc = RunCommand({EMBER_HEALTHCHECK_BIN, "--address=" + server_->address(),
                              "--timeout=500ms"}, "", &out);
@@ -136,6 +147,47 @@ std::string RpcMode() {
 
 // Reflection is a sync-API service in gRPC, which --rpc_mode=async leaves
 // out (server/async_service.h): there the call is UNIMPLEMENTED.
+// A string field with invalid UTF-8 fails to parse in libprotobuf, before
+// any Ember code (or authentication) sees the call, and libprotobuf logs an
+// ERROR line for it: the shard bounds those lines (server/protobuf_log.h),
+// so that no client can write to its log once per request.
+TEST_P(ServerIntegrationTest, RequestsWithInvalidUtf8FailWithoutALogLineEach) {
+  // A shard of its own, whose log (stderr) goes to a file.
+  const std::string log_path = TempPath("utf8_shard_log.txt");
+  auto shard =
+      ServerProcess::Start({"--device=" + GetParam(), "--table_config_file=" + *config_path_},
+                           absl::Seconds(30), log_path);
+  ASSERT_OK(shard);
+  auto embedding = v1::EmbeddingService::NewStub(
+      grpc::CreateChannel((*shard)->address(), grpc::InsecureChannelCredentials()));
+  constexpr int kRequests = 200;
+  // This process's libprotobuf logs as it serialises them: not the point.
+  const google::protobuf::LogSilencer quiet;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::LookupRequest req;
+    AddLookup(&req, "clicks", {1});
+    req.mutable_tables(0)->set_table("bad\xff\xfename");
+    v1::LookupResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = embedding->Lookup(&ctx, req, &resp);
+    ASSERT_FALSE(s.ok()) << "request " << i;
+  }
+  // The shard serves on.
+  v1::LookupRequest good;
+  AddLookup(&good, "clicks", {1});
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(embedding->Lookup(&ctx, good, &resp).ok());
+  ASSERT_OK((*shard)->Stop(SIGTERM, absl::Seconds(20)));
+  std::ifstream in(log_path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) lines += absl::StrContains(line, "UTF-8");
+  std::remove(log_path.c_str());
+  EXPECT_GE(lines, 1) << "the first one is logged";
+  EXPECT_LE(lines, 3) << "of " << kRequests << " requests";
+}
+
 TEST_P(ServerIntegrationTest, ReflectionListsTheEmberServicesExceptOnTheAsyncApi) {
   const bool served = RpcMode() != "async";
   // ServerReflectionRequest{list_services: ""} is field 7, length 0.

@@ -22,7 +22,7 @@ extern char** environ;
 namespace ember::testing {
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& args, absl::Duration timeout) {
+    const std::vector<std::string>& args, absl::Duration timeout, const std::string& stderr_path) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   // EMBER_SERVER_BIN in the environment overrides the binary built with the
@@ -43,6 +43,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  if (!stderr_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
   std::unique_ptr<ServerProcess> p(new ServerProcess());
   int rc = posix_spawn(&p->pid_, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);

@@ -19,9 +19,11 @@ namespace ember::testing {
 class ServerProcess {
  public:
   // `args` are extra flags (e.g. "--shard_count=2"). Fails if the process
-  // exits or does not report ready within `timeout`.
+  // exits or does not report ready within `timeout`. `stderr_path`: a file
+  // the process's log (stderr) is written to; empty: the test's stderr.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      const std::vector<std::string>& args, absl::Duration timeout = absl::Seconds(30));
+      const std::vector<std::string>& args, absl::Duration timeout = absl::Seconds(30),
+      const std::string& stderr_path = "");
   ~ServerProcess();
 
   int port() const { return port_; }
