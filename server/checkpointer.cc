@@ -513,6 +513,16 @@ absl::StatusOr<std::vector<RestoredTable>> LoadChain(
 
 }  // namespace
 
+absl::StatusOr<std::vector<v1::CheckpointManifest>> VerifyCheckpoint(FileSystem* fs,
+                                                                     const std::string& path) {
+  EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain,
+                         ReadChain(fs, path, /*shard=*/nullptr));
+  for (const v1::CheckpointManifest& m : chain) {
+    EMBER_RETURN_IF_ERROR(VerifyTableFiles(fs, JoinPath(ParentDir(path), m.id()), m));
+  }
+  return chain;
+}
+
 absl::StatusOr<std::vector<RestoredTable>> LoadCheckpointTables(FileSystem* fs,
                                                                 const std::string& path,
                                                                 v1::CheckpointManifest* manifest) {

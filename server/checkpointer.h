@@ -72,6 +72,14 @@ enum class ListCheck { kManifests, kDataFiles };
 CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& directory,
                                           ListCheck check = ListCheck::kManifests);
 
+// Verifies the checkpoint at `path` and, for a delta, each parent back to
+// its full checkpoint, as a restore reads them (manifests, then every data
+// file whole), keeping nothing; no shard identity is checked. OK, or the
+// first damage found, naming the file (ember-checkpoint verify). Returns
+// the chain's manifests, base first.
+absl::StatusOr<std::vector<v1::CheckpointManifest>> VerifyCheckpoint(FileSystem* fs,
+                                                                     const std::string& path);
+
 // Loads the checkpoint at `path` (its whole chain verified, as a restore
 // does) into fresh host-memory stores, for tools such as ember-export; no
 // shard identity is checked. `manifest` (optional) receives its manifest.

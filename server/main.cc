@@ -47,6 +47,9 @@ ABSL_FLAG(absl::Duration, max_ssp_wait, Defaults().shard.max_ssp_wait,
           "Longest a lookup waits for slower workers' pushes (SSP), e.g. 30s.");
 ABSL_FLAG(int, metrics_port, Defaults().metrics_port,
           "Prometheus endpoint port (GET /metrics); 0 picks a free one; -1: no metrics.");
+ABSL_FLAG(std::string, metrics_bearer_token_file, "",
+          "A file whose first line is a token every scrape of the metrics endpoint must send "
+          "(Authorization: Bearer; Prometheus' authorization.credentials_file); else 401.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where tables live: cpu (host memory) or cuda:N (GPU N's memory).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_http.bearer_token_file = absl::GetFlag(FLAGS_metrics_bearer_token_file);
   options.checkpoint.directory = absl::GetFlag(FLAGS_checkpoint_dir);
   options.checkpoint.interval = absl::GetFlag(FLAGS_checkpoint_interval);
   options.checkpoint.incremental = absl::GetFlag(FLAGS_checkpoint_incremental);

@@ -20,6 +20,7 @@ struct Source {
 std::mutex mu;
 std::map<std::pair<std::string, int>, Source> sources;  // by file and line
 absl::Duration min_interval = absl::Seconds(10);
+std::atomic<uint64_t> logged{0};
 std::atomic<uint64_t> suppressed{0};
 
 spdlog::level::level_enum Level(google::protobuf::LogLevel level) {
@@ -51,6 +52,7 @@ void Handle(google::protobuf::LogLevel level, const char* filename, int line,
     source.last_logged = now;
     held_back = std::exchange(source.held_back, 0);
   }
+  logged.fetch_add(1, std::memory_order_relaxed);
   if (held_back == 0) {
     spdlog::log(Level(level), "protobuf: {}", message);
   } else {
@@ -69,6 +71,9 @@ void RouteProtobufLogs(absl::Duration interval) {
   google::protobuf::SetLogHandler(&Handle);
 }
 
-uint64_t ProtobufLogLinesSuppressed() { return suppressed.load(std::memory_order_relaxed); }
+ProtobufLogCounts ProtobufLogLines() {
+  return {.logged = logged.load(std::memory_order_relaxed),
+          .held_back = suppressed.load(std::memory_order_relaxed)};
+}
 
 }  // namespace ember

@@ -22,7 +22,11 @@ namespace ember {
 
 void RouteProtobufLogs(absl::Duration interval = absl::Seconds(10));
 
-// Lines of libprotobuf held back so far (for tests and metrics).
-uint64_t ProtobufLogLinesSuppressed();
+// libprotobuf's lines so far: written to the log, and held back.
+struct ProtobufLogCounts {
+  uint64_t logged = 0;
+  uint64_t held_back = 0;
+};
+ProtobufLogCounts ProtobufLogLines();
 
 }  // namespace ember

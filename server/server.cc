@@ -8,6 +8,7 @@
 #include "server/admin_service.h"
 #include "server/async_service.h"
 #include "server/embedding_service.h"
+#include "server/protobuf_log.h"
 #include "spdlog/spdlog.h"
 
 namespace ember {
@@ -56,6 +57,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.metrics_port >= 0) {
     server->registry_ = std::make_unique<metrics::Registry>();
     metrics::AddProcessMetrics(server->registry_.get());
+    auto& protobuf_lines = server->registry_->AddCounter(
+        "ember_protobuf_log_lines_total",
+        "Lines libprotobuf logged in this shard (e.g. one per request with invalid UTF-8), "
+        "by whether the shard's rate limit wrote them or held them back (server/protobuf_log.h).",
+        {"outcome"});
+    metrics::Counter& logged = protobuf_lines.With({"logged"});
+    metrics::Counter& held_back = protobuf_lines.With({"held_back"});
+    server->registry_->OnScrape([&logged, &held_back] {
+      const ProtobufLogCounts counts = ProtobufLogLines();
+      logged.Mirror(static_cast<double>(counts.logged));
+      held_back.Mirror(static_cast<double>(counts.held_back));
+    });
     server->registry_
         ->AddGauge("ember_build_info", "Always 1; the labels say which build serves.",
                    {"version", "device", "shard"})
@@ -89,7 +102,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.metrics_port >= 0) {
     EMBER_ASSIGN_OR_RETURN(server->metrics_http_,
                            MetricsHttpServer::Start(options.address, options.metrics_port,
-                                                    server->registry_.get()));
+                                                    server->registry_.get(), options.metrics_http));
   }
 
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,

@@ -53,6 +53,8 @@ struct ServerOptions {
   // Port of the Prometheus endpoint (GET /metrics on `address`); 0 picks a
   // free one (see Server::metrics_port()); -1: no metrics.
   int metrics_port = -1;
+  // A bearer token for that endpoint (optional).
+  MetricsHttpOptions metrics_http;
   // Checkpoints: where, how often, how many kept.
   CheckpointerOptions checkpoint;
   // "latest" (the newest checkpoint in checkpoint.directory that verifies;

@@ -148,7 +148,13 @@ printf '\xff' | dd of="$damaged" bs=1 seek=40 conv=notrunc status=none
 [ "$(grep -c '^| ckpt-' "$out/list.txt")" = 1 ] &&
   grep -q "^refused: $(basename "$newest"): .*$(basename "$damaged")" "$out/list.txt" || {
   cat "$out/list.txt" >&2; echo "FAIL the damaged checkpoint was listed as valid" >&2; exit 1; }
-echo "ok   ember-checkpoint list refuses a checkpoint with a damaged data file, naming it"
+oldest="$(ls -d "$volume"/checkpoints/ckpt-* | sort | head -1)"
+"$checkpoint_tool" verify "$oldest" > /dev/null || fail_verify=1
+if "$checkpoint_tool" verify "$newest" > "$out/verify.txt" 2>&1 || [ -n "${fail_verify:-}" ]; then
+  cat "$out/verify.txt" >&2; echo "FAIL ember-checkpoint verify: 0 for the intact, non-zero for the damaged" >&2; exit 1
+fi
+grep -q "$(basename "$damaged")" "$out/verify.txt" || { cat "$out/verify.txt" >&2; exit 1; }
+echo "ok   ember-checkpoint list refuses a checkpoint with a damaged data file, naming it; verify exits 1 naming it (0 for the intact one)"
 
 expect_refusal() {  # expect_refusal MESSAGE env...
   local message="$1"

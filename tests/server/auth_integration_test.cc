@@ -367,6 +367,30 @@ TEST(TokenAuthTest, AShardWithTokensButNoTlsWarnsThatTheyCrossInPlaintext) {
   EXPECT_EQ(out.find(kTrainerToken), std::string::npos) << out;
 }
 
+TEST(TokenAuthTest, TheMetricsEndpointAnswersOnlyScrapesWithItsBearerToken) {
+  const std::string token_file = TempPath("metrics_token.txt");
+  std::ofstream(token_file) << "metrics-token-0123456789\n";
+  absl::StatusOr<std::unique_ptr<ServerProcess>> p =
+      ServerProcess::Start({"--metrics_port=0", "--metrics_bearer_token_file=" + token_file});
+  ASSERT_OK(p);
+  const int port = (*p)->metrics_port();
+  absl::StatusOr<std::string> none = HttpGet(port, "/metrics");
+  EXPECT_NE(none.status().message().find("401"), std::string::npos) << none.status();
+  absl::StatusOr<std::string> wrong =
+      HttpGet(port, "/metrics", "Authorization: Bearer metrics-token-0123456788\r\n");
+  EXPECT_NE(wrong.status().message().find("401"), std::string::npos) << wrong.status();
+  absl::StatusOr<std::string> right =
+      HttpGet(port, "/metrics", "Authorization: Bearer metrics-token-0123456789\r\n");
+  ASSERT_OK(right);
+  EXPECT_NE(right->find("ember_build_info"), std::string::npos);
+  // A short token is refused at start-up.
+  std::ofstream(token_file) << "short\n";
+  EXPECT_FALSE(
+      ServerProcess::Start({"--metrics_port=0", "--metrics_bearer_token_file=" + token_file},
+                           absl::Seconds(20))
+          .ok());
+}
+
 TEST(TokenAuthTest, AServerWithAnUnreadableTokensFileExitsNamingIt) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> p =
       ServerProcess::Start({"--auth_tokens_file=/nonexistent/tokens.txt"}, absl::Seconds(20));

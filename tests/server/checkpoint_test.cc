@@ -1,20 +1,20 @@
 // Checkpoints of the shard core, without a network: the cut at a step,
 // restore into a fresh shard, deltas, and every way a checkpoint on disk
 // can be wrong (refused, naming the file and what is wrong).
-#include "server/checkpointer.h"
-
-#include <filesystem>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <thread>
 
-#include "gtest/gtest.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "gtest/gtest.h"
 #include "server/checkpoint_format.h"
+#include "server/checkpointer.h"
 #include "tests/server/requests.h"
 #include "tests/test_util.h"
 
@@ -396,6 +396,8 @@ class DamagedCheckpointTest : public CheckpointTest {
     ASSERT_EQ(listing.invalid.size(), 1u);
     EXPECT_EQ(listing.invalid[0].rfind(second->manifest().id() + ": ", 0), 0u)
         << listing.invalid[0];
+    EXPECT_FALSE(VerifyCheckpoint(FileSystem::Posix(), second->path()).ok());
+    EXPECT_OK(VerifyCheckpoint(FileSystem::Posix(), first->path()).status());
     auto latest = Restored("latest");
     ASSERT_OK(latest);
     EXPECT_EQ(ContentsOf(**latest), at_first);
@@ -656,6 +658,90 @@ TEST_F(CheckpointTest, AVerifiedListingRefusesTheDeltasOfADamagedCheckpoint) {
   checkpointer.List(&answered);
   EXPECT_EQ(answered.checkpoints_size(), 0);
   EXPECT_EQ(answered.invalid_size(), 2);
+}
+
+TEST_F(CheckpointTest, AFlippedByteInAnyFileOfAChainIsListedInvalidNamingItAndFailsVerify) {
+  Checkpointer checkpointer(&shard_, Opts());
+  Train(0, 3);
+  auto full = Take(checkpointer);
+  ASSERT_OK(full);
+  Train(3, 6);
+  auto delta = Take(checkpointer, /*incremental=*/true);
+  ASSERT_OK(delta);
+  auto chain = VerifyCheckpoint(FileSystem::Posix(), delta->path());
+  ASSERT_OK(chain);
+  ASSERT_EQ(chain->size(), 2u);
+  int files = 0;
+  for (const auto& dir : {full->path(), delta->path()}) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      SCOPED_TRACE(entry.path().string());
+      const uint64_t offset = std::filesystem::file_size(entry.path()) / 2;
+      FlipByte(entry.path().string(), offset);
+      CheckpointListing listing =
+          ListCheckpointDirectory(FileSystem::Posix(), dir_, ListCheck::kDataFiles);
+      ASSERT_FALSE(listing.invalid.empty());
+      EXPECT_NE(listing.invalid[0].find(entry.path().filename().string()), std::string::npos)
+          << listing.invalid[0];
+      absl::StatusOr<std::vector<v1::CheckpointManifest>> verified =
+          VerifyCheckpoint(FileSystem::Posix(), delta->path());
+      EXPECT_EQ(verified.status().code(), absl::StatusCode::kDataLoss) << verified.status();
+      EXPECT_NE(verified.status().message().find(entry.path().filename().string()),
+                std::string::npos)
+          << verified.status();
+      FlipByte(entry.path().string(), offset);  // the same flip again restores it
+      ++files;
+    }
+  }
+  // Every file: each manifest and each table's data file.
+  EXPECT_EQ(files, 2 + full->manifest().tables_size() + delta->manifest().tables_size());
+  EXPECT_OK(VerifyCheckpoint(FileSystem::Posix(), delta->path()).status());
+}
+
+// docs/checkpoints.md describes the format well enough to read it: a reader
+// written from the doc alone (tests/checks/checkpoint_doc_reader.py, no
+// Ember code) reads a full checkpoint and a delta with removed keys, of every
+// optimizer and dtype, block by block.
+TEST_F(CheckpointTest, TheReaderWrittenFromTheDocReadsAFullCheckpointAndADelta) {
+  v1::TableConfig evicting = AdagradTable("evicting", 3);
+  evicting.set_capacity(8);
+  evicting.set_eviction(v1::EVICTION_POLICY_LRU);
+  v1::CreateTableResponse created;
+  ASSERT_OK(shard_.CreateTable(evicting, &created));
+  const std::vector<uint64_t> keys = OwnedKeys(0, 2, 16);
+  auto insert = [&](size_t begin) {
+    v1::LookupRequest req;
+    AddLookup(&req, "evicting",
+              std::vector<uint64_t>(keys.begin() + begin, keys.begin() + begin + 8));
+    v1::LookupResponse resp;
+    ASSERT_OK(shard_.Lookup(req, &resp));
+  };
+  Checkpointer checkpointer(&shard_, Opts());
+  insert(0);
+  Train(0, 3);
+  auto full = Take(checkpointer);
+  ASSERT_OK(full);
+  insert(8);  // evicts the first 8: the delta removes them
+  Train(3, 5);
+  auto delta = Take(checkpointer, /*incremental=*/true);
+  ASSERT_OK(delta);
+  ASSERT_EQ(delta->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+  uint64_t removed = 0;
+  for (const auto& t : delta->manifest().tables()) removed += t.removed_keys();
+  ASSERT_GT(removed, 0u);
+
+  std::string out;
+  const int rc = RunCommand({"python3", EMBER_DOC_READER, dir_}, "", &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << out;
+  uint64_t full_rows = 0;
+  for (const auto& t : full->manifest().tables()) full_rows += t.rows();
+  EXPECT_NE(lines[0].find(absl::StrCat(full->manifest().id(), ": ")), std::string::npos) << out;
+  EXPECT_NE(lines[0].find(absl::StrCat(" ", full_rows, " rows, 0 removed keys in 0 blocks")),
+            std::string::npos)
+      << out;
+  EXPECT_NE(lines[1].find(absl::StrCat(" ", removed, " removed keys in ")), std::string::npos)
+      << out;
 }
 
 TEST_F(CheckpointTest, LatestInAnEmptyDirectoryStartsEmpty) {

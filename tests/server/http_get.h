@@ -14,8 +14,11 @@
 
 namespace ember::testing {
 
-// The body of GET http://127.0.0.1:port/path; an error unless the status is 200.
-inline absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+// The body of GET http://127.0.0.1:port/path; an error unless the status is
+// 200 (its message holds the status line). `headers`: extra header lines,
+// each ending in \r\n.
+inline absl::StatusOr<std::string> HttpGet(int port, const std::string& path,
+                                           const std::string& headers = "") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket failed");
   timeval tv{10, 0};
@@ -28,7 +31,8 @@ inline absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("connect to port ", port, " failed"));
   }
-  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  const std::string req =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n", headers, "\r\n");
   if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
     close(fd);
     return absl::UnavailableError("write failed");

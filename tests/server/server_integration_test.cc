@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/store_factory.h"
 #include "server/health_check.h"
+#include "tests/server/http_get.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -154,13 +155,14 @@ std::string RpcMode() {
 TEST_P(ServerIntegrationTest, RequestsWithInvalidUtf8FailWithoutALogLineEach) {
   // A shard of its own, whose log (stderr) goes to a file.
   const std::string log_path = TempPath("utf8_shard_log.txt");
-  auto shard =
-      ServerProcess::Start({"--device=" + GetParam(), "--table_config_file=" + *config_path_},
-                           absl::Seconds(30), log_path);
+  auto shard = ServerProcess::Start(
+      {"--device=" + GetParam(), "--table_config_file=" + *config_path_, "--metrics_port=0"},
+      absl::Seconds(30), log_path);
   ASSERT_OK(shard);
   auto embedding = v1::EmbeddingService::NewStub(
       grpc::CreateChannel((*shard)->address(), grpc::InsecureChannelCredentials()));
-  constexpr int kRequests = 200;
+  constexpr int kRequests = 10000;
+  const absl::Time start = absl::Now();
   // This process's libprotobuf logs as it serialises them: not the point.
   const google::protobuf::LogSilencer quiet;
   for (int i = 0; i < kRequests; ++i) {
@@ -179,13 +181,27 @@ TEST_P(ServerIntegrationTest, RequestsWithInvalidUtf8FailWithoutALogLineEach) {
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   ASSERT_TRUE(embedding->Lookup(&ctx, good, &resp).ok());
+  const double minutes = absl::ToDoubleMinutes(absl::Now() - start);
+  // Every line is counted: written or held back.
+  absl::StatusOr<std::string> text = HttpGet((*shard)->metrics_port(), "/metrics");
+  ASSERT_OK(text);
+  auto count = [&](const std::string& outcome) {
+    const std::string series =
+        absl::StrCat("ember_protobuf_log_lines_total{outcome=\"", outcome, "\"} ");
+    const size_t at = text->find(series);
+    return at == std::string::npos ? -1.0 : std::stod(text->substr(at + series.size()));
+  };
+  EXPECT_EQ(count("logged") + count("held_back"), kRequests) << *text;
   ASSERT_OK((*shard)->Stop(SIGTERM, absl::Seconds(20)));
   std::ifstream in(log_path);
   int lines = 0;
   for (std::string line; std::getline(in, line);) lines += absl::StrContains(line, "UTF-8");
   std::remove(log_path.c_str());
   EXPECT_GE(lines, 1) << "the first one is logged";
-  EXPECT_LE(lines, 3) << "of " << kRequests << " requests";
+  // One per 10 s: at most 6 a minute, and the first.
+  EXPECT_LE(lines, 1 + static_cast<int>(minutes * 6) + 1)
+      << "of " << kRequests << " requests in " << minutes << " minutes";
+  EXPECT_EQ(lines, count("logged"));
 }
 
 TEST_P(ServerIntegrationTest, ReflectionListsTheEmberServicesExceptOnTheAsyncApi) {
