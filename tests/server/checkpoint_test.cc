@@ -126,6 +126,19 @@ class CheckpointTest : public ::testing::Test {
     if (!s.ok()) return s;
     return resp;
   }
+  // Trains steps 0-2 and takes a full checkpoint, then 3-5 and a delta on it.
+  void TakeFullAndDelta(Checkpointer& c, v1::CheckpointResponse* full,
+                        v1::CheckpointResponse* delta) {
+    Train(0, 3);
+    absl::StatusOr<v1::CheckpointResponse> f = Take(c);
+    ASSERT_OK(f);
+    Train(3, 6);
+    absl::StatusOr<v1::CheckpointResponse> d = Take(c, /*incremental=*/true);
+    ASSERT_OK(d);
+    ASSERT_EQ(d->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+    *full = *std::move(f);
+    *delta = *std::move(d);
+  }
   // A fresh shard restored from `what` by a checkpointer on the same directory.
   absl::StatusOr<std::unique_ptr<Shard>> Restored(const std::string& what,
                                                   ShardOptions options = Options()) {
@@ -633,13 +646,10 @@ TEST_F(CheckpointTest, LatestWithNothingValidFailsListingWhyEachWasRefused) {
 
 TEST_F(CheckpointTest, AVerifiedListingRefusesTheDeltasOfADamagedCheckpoint) {
   Checkpointer checkpointer(&shard_, Opts());
-  Train(0, 3);
-  auto full = Take(checkpointer);
-  ASSERT_OK(full);
-  Train(3, 6);
-  auto delta = Take(checkpointer, /*incremental=*/true);
-  ASSERT_OK(delta);
-  ASSERT_EQ(delta->manifest().kind(), v1::CHECKPOINT_KIND_DELTA);
+  v1::CheckpointResponse full_taken, delta_taken;
+  ASSERT_NO_FATAL_FAILURE(TakeFullAndDelta(checkpointer, &full_taken, &delta_taken));
+  const v1::CheckpointResponse* full = &full_taken;
+  const v1::CheckpointResponse* delta = &delta_taken;
   const v1::CheckpointTable& table = full->manifest().tables(0);
   FlipByte(JoinPath(full->path(), table.file()), table.file_bytes() / 2);
 
@@ -662,12 +672,10 @@ TEST_F(CheckpointTest, AVerifiedListingRefusesTheDeltasOfADamagedCheckpoint) {
 
 TEST_F(CheckpointTest, AFlippedByteInAnyFileOfAChainIsListedInvalidNamingItAndFailsVerify) {
   Checkpointer checkpointer(&shard_, Opts());
-  Train(0, 3);
-  auto full = Take(checkpointer);
-  ASSERT_OK(full);
-  Train(3, 6);
-  auto delta = Take(checkpointer, /*incremental=*/true);
-  ASSERT_OK(delta);
+  v1::CheckpointResponse full_taken, delta_taken;
+  ASSERT_NO_FATAL_FAILURE(TakeFullAndDelta(checkpointer, &full_taken, &delta_taken));
+  const v1::CheckpointResponse* full = &full_taken;
+  const v1::CheckpointResponse* delta = &delta_taken;
   auto chain = VerifyCheckpoint(FileSystem::Posix(), delta->path());
   ASSERT_OK(chain);
   ASSERT_EQ(chain->size(), 2u);
