@@ -7,20 +7,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/secret_compare.h"
 #include "common/status_macros.h"
 
 namespace ember {
 
 namespace {
-
-// Compares without an early exit, so that the time taken does not tell how
-// much of a guess was right.
-bool SameSecret(absl::string_view known, absl::string_view presented) {
-  if (presented.size() != known.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < known.size(); ++i) diff |= known[i] ^ presented[i];
-  return diff == 0;
-}
 
 absl::StatusOr<std::string> ReadText(const std::string& path, absl::string_view flag) {
   std::ifstream in(path);

@@ -8,20 +8,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/secret_compare.h"
 
 namespace ember {
 namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
-
-// Compares without an early exit, so that the time taken does not tell how
-// much of a guess was right (only whether its length was).
-bool SameToken(absl::string_view known, absl::string_view presented) {
-  if (presented.size() != known.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < known.size(); ++i) diff |= known[i] ^ presented[i];
-  return diff == 0;
-}
 
 }  // namespace
 
@@ -102,7 +94,7 @@ absl::Status TokenAuth::Check(const grpc::ServerContextBase& context, Role neede
   }
   const std::pair<std::string, Role>* match = nullptr;
   for (const auto& entry : tokens_) {
-    if (SameToken(entry.first, presented)) match = &entry;
+    if (SameSecret(entry.first, presented)) match = &entry;
   }
   absl::Status status;
   if (match == nullptr) {
