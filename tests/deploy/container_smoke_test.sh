@@ -118,6 +118,12 @@ health="$(podman image inspect "$image" --format '{{json .Config.Healthcheck}}')
 [ "$(podman image inspect "$image" --format '{{.Config.User}}')" = 10001 ] || fail "the image does not run as uid 10001"
 step "the image keeps its HEALTHCHECK ($health) and runs as uid 10001"
 
+# Whether CONTAINER's log holds PATTERN. The log is read whole first: with
+# pipefail, `podman logs | grep -q` fails when grep stops reading early.
+log_has() {
+  podman logs "$1" > "$work/container.log" 2>&1
+  grep -q "$2" "$work/container.log"
+}
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port="$(free_port)"
 metrics="$(free_port)"
@@ -175,7 +181,7 @@ grep -q '^| ckpt-' "$work/list.txt" || { cat "$work/list.txt" >&2; fail "no chec
 step "the shard wrote its checkpoint onto its volume on podman stop ($(grep -c '^| ckpt-' "$work/list.txt") listed)"
 
 shard="$(run_shard 2)"
-podman logs "$shard" 2>&1 | grep -q "restored" || { podman logs "$shard" >&2; fail "the restarted shard did not restore"; }
+log_has "$shard" "restored" || { podman logs "$shard" >&2; fail "the restarted shard did not restore"; }
 step "started again on the same volume, the shard restored its checkpoint"
 podman stop -t 60 "$shard" > /dev/null
 
@@ -230,7 +236,7 @@ for a in yaml.safe_load(open(sys.argv[1]))["services"]["trainer"]["command"]: pr
   compose start || { cat "$work/compose.log" >&2; fail "podman-compose start"; }
   wait_healthy "${shards[@]}"
   for c in "${shards[@]}"; do
-    podman logs "$c" 2>&1 | grep -q "restored" || { podman logs "$c" >&2; fail "$c did not restore"; }
+    log_has "$c" "restored" || { podman logs "$c" >&2; fail "$c did not restore"; }
   done
   step "stopped, each compose shard left a checkpoint on its volume; started again, each restored it"
   compose_down
@@ -251,7 +257,7 @@ if command -v kubectl > /dev/null; then
       sleep 1
     done
     podman exec "$container" ember-healthcheck > /dev/null 2>&1 || { podman logs "$container" >&2; fail "pod $i did not serve"; }
-    podman logs "$container" 2>&1 | grep -q "shard $i/2 serving" || { podman logs "$container" >&2; fail "pod $i is not shard $i of 2"; }
+    log_has "$container" "shard $i/2 serving" || { podman logs "$container" >&2; fail "pod $i is not shard $i of 2"; }
   done
   step "the StatefulSet's pod template runs under podman kube play: pods ember-...-0 and -1 serve as shards 0 and 1 of 2"
   # A restart (SIGTERM, then start): the read-only root and uid 10001 still
@@ -266,7 +272,7 @@ if command -v kubectl > /dev/null; then
       podman exec "$container" ember-healthcheck > /dev/null 2>&1 && break
       sleep 1
     done
-    podman logs "$container" 2>&1 | grep -q "restored" || { podman logs "$container" >&2; fail "pod $i did not restore its checkpoint"; }
+    log_has "$container" "restored" || { podman logs "$container" >&2; fail "pod $i did not restore its checkpoint"; }
   done
   step "restarted, each pod restored the checkpoint it wrote on SIGTERM to its claim's volume"
   podman kube down "$work/pods.yaml" > /dev/null 2>&1 || true
