@@ -27,6 +27,7 @@
 #include "bench/workload_flags.h"
 #include "client/dedup.h"
 #include "common/abseil_mode.h"
+#include "common/key_router.h"
 #include "common/process_cpu.h"
 #include "common/wire.h"
 #include "ember/client.h"
@@ -85,6 +86,8 @@ Batch ConcatBatches(const std::vector<const Batch*>& parts) {
 std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uint32_t shards,
                                        uint32_t dim, const std::vector<Batch>& batches) {
   std::vector<StepRequest> out(batches.size());
+  // The shards are started with the default routing.
+  const KeyRouter router = *KeyRouter::Make(kDefaultRouting, shards);
   KeyDeduplicator dedup;
   std::vector<uint32_t> inverse;
   for (size_t step = 0; step < out.size(); ++step) {
@@ -99,7 +102,7 @@ std::vector<StepRequest> BuildRequests(const std::vector<Feature>& features, uin
       dedup.Add(b.features[f].keys, &inverse);
       r.keys += b.features[f].keys.size();
       std::vector<std::vector<uint64_t>> per_shard(shards);
-      for (uint64_t k : dedup.unique()) per_shard[ShardOf(k, shards)].push_back(k);
+      for (uint64_t k : dedup.unique()) per_shard[router.ShardOf(k)].push_back(k);
       for (uint32_t s = 0; s < shards; ++s) {
         if (per_shard[s].empty()) continue;
         v1::TableLookup* t = r.lookup[s].add_tables();

@@ -8,7 +8,6 @@
 #include "client/grpc_channel.h"
 #include "client/in_process_channel.h"
 #include "client/request_plan.h"
-#include "common/key_hash.h"
 #include "common/status_macros.h"
 
 namespace ember {
@@ -138,18 +137,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ShardCha
                        info.shard_index(), " of ", info.shard_count(),
                        " (list the shard addresses in shard-index order)"));
     }
-    if (info.routing() != kRoutingName) {
-      return absl::FailedPreconditionError(absl::StrCat(client->ShardName(i),
-                                                        ": expected routing '", kRoutingName,
-                                                        "', received '", info.routing(), "'"));
+    if (info.routing() != infos[0].routing()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(client->ShardName(i), ": expected routing '", infos[0].routing(),
+                       "' (as shard 0), received '", info.routing(), "'"));
     }
   }
+  absl::StatusOr<KeyRouter> router = KeyRouter::Make(infos[0].routing(), n);
+  if (!router.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(client->ShardName(0),
+                                                      ": this client cannot route by the shards' ",
+                                                      router.status().message()));
+  }
+  client->router_ = *std::move(router);
   return client;
 }
 
 uint32_t Client::shard_count() const { return channel_->shard_count(); }
 const ClientOptions& Client::options() const { return options_; }
-uint32_t Client::ShardOf(uint64_t key) const { return ember::ShardOf(key, shard_count()); }
+uint32_t Client::ShardOf(uint64_t key) const { return router_.ShardOf(key); }
 std::string Client::ShardName(uint32_t shard) const { return channel_->ShardName(shard); }
 bool Client::in_process() const { return channel_->in_process(); }
 

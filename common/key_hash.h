@@ -1,8 +1,5 @@
-// Key hashing shared by client and server.
-//
-// ShardOf is the routing contract: the client sends a key to ShardOf(key, n)
-// and the shard rejects any key for which ShardOf(key, n) != its index.
-// Changing it invalidates every checkpoint's shard placement.
+// Key hashing shared by client, server and kernels. Which shard owns a key
+// is common/key_router.h's business (it mixes keys with Mix64 too).
 #pragma once
 
 #include <cstdint>
@@ -21,18 +18,9 @@ EMBER_HD uint64_t Mix64(uint64_t x) {
   return x;
 }
 
-// Name of the routing function, reported by GetShardInfo.
-inline constexpr char kRoutingName[] = "splitmix64-fastrange32";
-
-// Maps the top 32 bits of the mixed key onto [0, shard_count) by a multiply
-// and shift (Lemire's fastrange): uniform like a modulo, without a division
-// on every key of every request.
-EMBER_HD uint32_t ShardOf(uint64_t key, uint32_t shard_count) {
-  return static_cast<uint32_t>(((Mix64(key) >> 32) * shard_count) >> 32);
-}
-
-// The hash a store uses to place a key. Seeded apart from ShardOf so that the
-// keys of one shard (which share ShardOf residues) still spread evenly.
+// The hash a store uses to place a key. Seeded apart from the routing's mix
+// so that the keys of one shard (which share routing bits) still spread
+// evenly.
 EMBER_HD uint64_t StoreHash(uint64_t key) { return Mix64(key ^ 0x6a09e667f3bcc909ULL); }
 
 }  // namespace ember

@@ -10,17 +10,31 @@
 //   ember-checkpoint compact --dir=/var/lib/ember/checkpoints [--id=NAME]
 //       the newest valid checkpoint (base + deltas) rewritten as one full
 //       checkpoint: a new base, so the deltas before it can go
+//   ember-checkpoint reshard --to=N --out=DIR [--routing=R] [--id=NAME] PART...
+//       every part of one cluster checkpoint (each shard's checkpoint of the
+//       same id, full or delta) rewritten as N parts routed by R (default
+//       splitmix64-jump65536), streaming: DIR/shard-<i>/<id> for shard i
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "common/file_system.h"
+#include "common/key_router.h"
 #include "server/checkpointer.h"
+#include "server/reshard.h"
 
 ABSL_FLAG(std::string, dir, "", "A shard's checkpoint directory (its --checkpoint_dir).");
-ABSL_FLAG(std::string, id, "", "compact: name of the new checkpoint; empty: ckpt-<sequence>.");
+ABSL_FLAG(std::string, id, "",
+          "compact: name of the new checkpoint (empty: ckpt-<sequence>); reshard: of the new "
+          "parts (empty: the parts' id).");
+ABSL_FLAG(uint32_t, to, 0, "reshard: the new shard count.");
+ABSL_FLAG(std::string, out, "", "reshard: where the new parts go (DIR/shard-<i>/<id>).");
+ABSL_FLAG(std::string, routing, ember::kDefaultRouting, "reshard: the new parts' routing.");
 
 namespace {
 
@@ -73,9 +87,38 @@ int Verify(const std::string& path) {
   return 0;
 }
 
+int Reshard(const std::vector<std::string>& parts) {
+  auto cluster = ember::OpenCheckpointParts(ember::FileSystem::Posix(), parts);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "ember-checkpoint: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  ember::ReshardOptions options;
+  options.shard_count = absl::GetFlag(FLAGS_to);
+  options.routing = absl::GetFlag(FLAGS_routing);
+  options.out_dir = absl::GetFlag(FLAGS_out);
+  options.id = absl::GetFlag(FLAGS_id);
+  auto result = ember::Reshard(ember::FileSystem::Posix(), *cluster, options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "ember-checkpoint: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "resharded %u parts (%s, step %lld) into %u (%s): %llu rows, %llu bytes read, "
+      "%llu written in %.3f s (%.1f MB/s read)\n",
+      cluster->shard_count, cluster->routing.c_str(), static_cast<long long>(cluster->step),
+      options.shard_count, options.routing.c_str(), static_cast<unsigned long long>(result->rows),
+      static_cast<unsigned long long>(result->bytes_read),
+      static_cast<unsigned long long>(result->bytes_written), result->seconds,
+      result->bytes_read / 1e6 / std::max(result->seconds, 1e-9));
+  for (const std::string& p : result->paths) std::printf("%s\n", p.c_str());
+  return 0;
+}
+
 constexpr char kUsage[] =
     "usage: ember-checkpoint list|compact --dir=DIR [--id=NAME]\n"
-    "       ember-checkpoint verify CHECKPOINT_PATH\n";
+    "       ember-checkpoint verify CHECKPOINT_PATH\n"
+    "       ember-checkpoint reshard --to=N --out=DIR [--routing=R] [--id=NAME] PART...\n";
 
 }  // namespace
 
@@ -83,6 +126,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() == 3 && std::string(args[1]) == "verify") return Verify(args[2]);
+  if (args.size() >= 2 && std::string(args[1]) == "reshard") {
+    if (args.size() < 3 || absl::GetFlag(FLAGS_to) == 0 || absl::GetFlag(FLAGS_out).empty()) {
+      std::fprintf(stderr, "%s", kUsage);
+      return 2;
+    }
+    return Reshard(std::vector<std::string>(args.begin() + 2, args.end()));
+  }
   const std::string dir = absl::GetFlag(FLAGS_dir);
   if (args.size() != 2 || dir.empty()) {
     std::fprintf(stderr, "%s", kUsage);
@@ -101,7 +151,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(compacted->manifest().step()));
     return 0;
   }
-  std::fprintf(stderr, "ember-checkpoint: unknown command '%s' (list, verify or compact)\n",
+  std::fprintf(stderr,
+               "ember-checkpoint: unknown command '%s' (list, verify, compact or reshard)\n",
                command.c_str());
   return 2;
 }

@@ -16,10 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/key_hash.h"
+#include "common/key_router.h"
 #include "common/status_macros.h"
 #include "kernels/table_config_proto.h"
+#include "server/checkpoint_chain.h"
 #include "server/checkpoint_format.h"
+#include "server/reshard.h"
 #include "spdlog/spdlog.h"
 
 #ifndef EMBER_VERSION
@@ -42,25 +44,6 @@ absl::Status ValidateId(const std::string& id) {
         "received '", id, "'"));
   }
   return absl::OkStatus();
-}
-
-std::string TableFileName(const std::string& table) { return absl::StrCat("table-", table, ".rows"); }
-
-// The directory a checkpoint's parent lives in: its own.
-std::string ParentDir(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const size_t slash = p.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : p.substr(0, slash);
-}
-
-// The last component of `path` (trailing slashes ignored).
-std::string BaseName(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const size_t slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
 // Applies one table's data file to its store; a null store: reads and
@@ -312,7 +295,7 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   manifest.set_sequence(sequence);
   manifest.set_shard_index(shard.shard_index);
   manifest.set_shard_count(shard.shard_count);
-  manifest.set_routing(kRoutingName);
+  manifest.set_routing(shard_->router().routing());
   manifest.set_step(snap->step);
   for (const auto& [worker, progress] : snap->workers) {
     v1::WorkerStep* w = manifest.add_workers();
@@ -392,74 +375,6 @@ void Checkpointer::List(v1::ListCheckpointsResponse* response) {
 
 namespace {
 
-// Reads the checkpoint at `path` and, for a delta, its parents back to the
-// full one: base first. Checks each manifest against the shard.
-absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
-                                                              const std::string& path,
-                                                              const ShardOptions* shard) {
-  std::vector<v1::CheckpointManifest> chain;
-  const std::string dir = ParentDir(path);
-  std::string current = path;
-  while (true) {
-    absl::StatusOr<v1::CheckpointManifest> read = ReadManifest(fs, current);
-    if (!read.ok()) {
-      if (current == path) return read.status();
-      // A parent's error alone would not say which checkpoint was asked for.
-      return absl::Status(read.status().code(),
-                          absl::StrCat("checkpoint '", path, "': its parent '", BaseName(current),
-                                       "': ", read.status().message()));
-    }
-    v1::CheckpointManifest m = *std::move(read);
-    // A checkpoint is its directory: a copied or renamed one reads its own
-    // files (LoadChain joins the id), never those of the directory it was
-    // copied from.
-    m.set_id(BaseName(current));
-    const std::string where = JoinPath(current, kManifestFileName);
-    // A delta's parents must be of the same shard as the delta.
-    const ShardOptions* expected = shard;
-    ShardOptions first;
-    if (expected == nullptr && !chain.empty()) {
-      first.shard_index = chain.front().shard_index();
-      first.shard_count = chain.front().shard_count();
-      expected = &first;
-    }
-    if (expected != nullptr &&
-        (m.shard_index() != expected->shard_index || m.shard_count() != expected->shard_count)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint file '", where, "': written by shard ", m.shard_index(), " of ",
-          m.shard_count(), ", this is shard ", expected->shard_index, " of ",
-          expected->shard_count));
-    }
-    if (m.routing() != kRoutingName) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint file '", where, "': routing '",
-                                                        m.routing(), "', this build routes by '",
-                                                        kRoutingName, "'"));
-    }
-    const bool delta = m.kind() == v1::CHECKPOINT_KIND_DELTA;
-    if (!delta && m.kind() != v1::CHECKPOINT_KIND_FULL) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint file '", where, "': unknown kind ", static_cast<int>(m.kind())));
-    }
-    const std::string parent = m.parent_id();
-    chain.push_back(std::move(m));
-    if (!delta) break;
-    // The parent is a sibling directory: a name that climbs out of the
-    // checkpoint directory would read whatever it points at.
-    if (parent.empty() || parent == "." || parent == ".." ||
-        parent.find('/') != std::string::npos || parent.find('\0') != std::string::npos) {
-      return absl::DataLossError(absl::StrCat("checkpoint file '", where, "': parent_id '",
-                                              absl::CHexEscape(parent),
-                                              "' is not the name of a checkpoint beside it"));
-    }
-    if (chain.size() > 100000) {
-      return absl::DataLossError(absl::StrCat("checkpoint '", path, "': its chain of deltas loops"));
-    }
-    current = JoinPath(dir, parent);
-  }
-  std::reverse(chain.begin(), chain.end());
-  return chain;
-}
-
 // Builds the tables of a chain (base first) in fresh stores.
 absl::StatusOr<std::vector<RestoredTable>> LoadChain(
     FileSystem* fs, const std::string& dir, const std::vector<v1::CheckpointManifest>& chain,
@@ -515,8 +430,7 @@ absl::StatusOr<std::vector<RestoredTable>> LoadChain(
 
 absl::StatusOr<std::vector<v1::CheckpointManifest>> VerifyCheckpoint(FileSystem* fs,
                                                                      const std::string& path) {
-  EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain,
-                         ReadChain(fs, path, /*shard=*/nullptr));
+  EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain, ReadChain(fs, path));
   for (const v1::CheckpointManifest& m : chain) {
     EMBER_RETURN_IF_ERROR(VerifyTableFiles(fs, JoinPath(ParentDir(path), m.id()), m));
   }
@@ -526,8 +440,7 @@ absl::StatusOr<std::vector<v1::CheckpointManifest>> VerifyCheckpoint(FileSystem*
 absl::StatusOr<std::vector<RestoredTable>> LoadCheckpointTables(FileSystem* fs,
                                                                 const std::string& path,
                                                                 v1::CheckpointManifest* manifest) {
-  EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain,
-                         ReadChain(fs, path, /*shard=*/nullptr));
+  EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain, ReadChain(fs, path));
   EMBER_ASSIGN_OR_RETURN(std::vector<RestoredTable> tables,
                          LoadChain(fs, ParentDir(path), chain, StoreDevice{}));
   if (manifest != nullptr) *manifest = chain.back();
@@ -557,26 +470,62 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
   } else {
     candidates.push_back(what);
   }
+  const ShardOptions& shard = shard_->options();
   for (const std::string& path : candidates) {
     const absl::Time start = absl::Now();
     absl::Status s = [&]() -> absl::Status {
-      EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain,
-                             ReadChain(fs_, path, &shard_->options()));
-      EMBER_ASSIGN_OR_RETURN(std::vector<RestoredTable> tables,
-                             LoadChain(fs_, ParentDir(path), chain, shard_->options().device));
+      std::vector<RestoredTable> tables;
       std::map<uint32_t, SspClock::Progress> workers;
-      for (const v1::WorkerStep& w : chain.back().workers()) {
-        workers[w.worker_id()] = SspClock::Progress{
-            w.applied_step(), std::vector<int64_t>(w.done_ahead().begin(), w.done_ahead().end())};
+      KeyRouter router;
+      int64_t step = -1;
+      size_t checkpoints = 1;
+      std::vector<std::string> parts = SplitParts(path);
+      if (parts.size() == 1) {
+        EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain, ReadChain(fs_, path));
+        const v1::CheckpointManifest& m = chain.back();
+        if (m.shard_index() == shard.shard_index && m.shard_count() == shard.shard_count) {
+          // This shard's own part: its keys are placed by its routing.
+          EMBER_ASSIGN_OR_RETURN(router, KeyRouter::Make(m.routing(), m.shard_count()));
+          EMBER_ASSIGN_OR_RETURN(tables, LoadChain(fs_, ParentDir(path), chain, shard.device));
+          for (const v1::WorkerStep& w : m.workers()) {
+            workers[w.worker_id()] = SspClock::Progress{
+                w.applied_step(),
+                std::vector<int64_t>(w.done_ahead().begin(), w.done_ahead().end())};
+          }
+          step = m.step();
+          checkpoints = chain.size();
+          parts.clear();
+        } else if (m.shard_count() != 1) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("checkpoint file '", JoinPath(path, kManifestFileName),
+                           "': written by shard ", m.shard_index(), " of ", m.shard_count(),
+                           ", this is shard ", shard.shard_index, " of ", shard.shard_count,
+                           " (to restore into another shard count, pass every part "
+                           "of the cluster checkpoint: --restore_from=PART0,PART1,...)"));
+        }
+      }
+      if (!parts.empty()) {
+        // A cluster checkpoint resharded: this shard's keys from every part.
+        EMBER_ASSIGN_OR_RETURN(CheckpointParts cluster, OpenCheckpointParts(fs_, parts));
+        EMBER_ASSIGN_OR_RETURN(router, KeyRouter::Make(shard.routing, shard.shard_count));
+        EMBER_ASSIGN_OR_RETURN(
+            tables, LoadOwnedTables(fs_, cluster, router, shard.shard_index, shard.device));
+        workers = cluster.workers;
+        step = cluster.step;
+        checkpoints = parts.size();
+        spdlog::info(
+            "resharding: {} parts of {} shards routed by '{}' into shard {} of {} routed by '{}'",
+            parts.size(), cluster.shard_count, cluster.routing, shard.shard_index,
+            shard.shard_count, router.routing());
       }
       const size_t n = tables.size();
-      shard_->InstallRestored(std::move(tables), workers, path);
+      shard_->InstallRestored(std::move(tables), workers, router, path);
       if (metrics_ != nullptr) {
-        metrics_->RecordRestore(absl::ToDoubleSeconds(absl::Now() - start), chain.back().step());
+        metrics_->RecordRestore(absl::ToDoubleSeconds(absl::Now() - start), step);
       }
-      spdlog::info("restored {} tables and {} workers at step {} from {} ({} checkpoints) in {:.3f} s",
-                   n, workers.size(), chain.back().step(), path, chain.size(),
-                   absl::ToDoubleSeconds(absl::Now() - start));
+      spdlog::info(
+          "restored {} tables and {} workers at step {} from {} ({} checkpoints) in {:.3f} s", n,
+          workers.size(), step, path, checkpoints, absl::ToDoubleSeconds(absl::Now() - start));
       return absl::OkStatus();
     }();
     if (s.ok()) return path;

@@ -13,8 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/file_system.h"
+#include "common/key_router.h"
+#include "common/status_macros.h"
 #include "kernels/serving_table.h"
 #include "server/checkpointer.h"
+#include "server/reshard.h"
 
 ABSL_FLAG(std::vector<std::string>, checkpoints, {},
           "The checkpoint directory of every shard of the cluster, comma-separated.");
@@ -43,52 +46,26 @@ absl::Status Run() {
     std::vector<std::pair<uint64_t, std::vector<float>>> rows;
   };
   std::map<std::string, Merged> tables;
-  std::vector<bool> seen;
-  int64_t step = 0;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    v1::CheckpointManifest manifest;
-    auto loaded = LoadCheckpointTables(FileSystem::Posix(), paths[i], &manifest);
-    if (!loaded.ok()) return loaded.status();
-    // Every shard exactly once, all at the same step: one cluster checkpoint.
-    if (seen.empty()) {
-      seen.assign(manifest.shard_count(), false);
-      step = manifest.step();
-    }
-    if (manifest.shard_count() != seen.size() || manifest.shard_index() >= seen.size() ||
-        seen[manifest.shard_index()]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--checkpoints: '", paths[i], "' is shard ", manifest.shard_index(), " of ",
-          manifest.shard_count(), "; expected each of ", seen.size(), " shards once"));
-    }
-    if (manifest.step() != step) {
-      return absl::InvalidArgumentError(absl::StrCat("--checkpoints: '", paths[i], "' is at step ",
-                                                     manifest.step(), ", the first at step ", step,
-                                                     ": not one cluster checkpoint"));
-    }
-    seen[manifest.shard_index()] = true;
-    for (RestoredTable& t : *loaded) {
-      const std::string& name = t.config.name();
-      if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
-      Merged& m = tables[name];
-      m.config = t.config;
-      ExportCursor cursor;
-      ExportedRows batch;
-      const size_t dim = t.config.dim();
-      while (!cursor.done) {
-        if (absl::Status s = t.store->Export(&cursor, 1 << 16, &batch); !s.ok()) return s;
-        for (size_t r = 0; r < batch.keys.size(); ++r) {
-          m.rows.emplace_back(batch.keys[r],
-                              std::vector<float>(batch.values.begin() + r * dim,
-                                                 batch.values.begin() + (r + 1) * dim));
-        }
-      }
-    }
-  }
-  for (size_t s = 0; s < seen.size(); ++s) {
-    if (!seen[s]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--checkpoints: shard ", s, " of ", seen.size(), " is missing"));
-    }
+  // Every shard exactly once, one cut: one cluster checkpoint.
+  EMBER_ASSIGN_OR_RETURN(CheckpointParts parts, OpenCheckpointParts(FileSystem::Posix(), paths));
+  const int64_t step = parts.step;
+  const KeyRouter one = *KeyRouter::Make(kDefaultRouting, 1);
+  for (size_t t = 0; t < parts.tables.size(); ++t) {
+    const std::string& name = parts.tables[t].name();
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
+    Merged& m = tables[name];
+    m.config = parts.tables[t];
+    const size_t dim = m.config.dim();
+    EMBER_RETURN_IF_ERROR(StreamRoutedRows(
+        FileSystem::Posix(), parts, t, one, [](uint32_t) { return true; },
+        [&](uint32_t, const SnapshotBatch& batch) {
+          for (size_t r = 0; r < batch.rows.keys.size(); ++r) {
+            m.rows.emplace_back(batch.rows.keys[r],
+                                std::vector<float>(batch.rows.values.begin() + r * dim,
+                                                   batch.rows.values.begin() + (r + 1) * dim));
+          }
+          return absl::OkStatus();
+        }));
   }
   for (const std::string& name : wanted) {
     if (!tables.count(name)) {
@@ -111,8 +88,8 @@ absl::Status Run() {
     std::printf("%s: %zu rows, dim %u, %s -> %s\n", name.c_str(), keys.size(), m.config.dim(),
                 dtype_name.c_str(), path.c_str());
   }
-  std::printf("exported %zu tables of step %lld from %zu shards\n", tables.size(),
-              static_cast<long long>(step), seen.size());
+  std::printf("exported %zu tables of step %lld from %u shards\n", tables.size(),
+              static_cast<long long>(step), parts.shard_count);
   return absl::OkStatus();
 }
 

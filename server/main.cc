@@ -23,6 +23,11 @@ ABSL_FLAG(std::string, address, Defaults().address, "Address to listen on (0.0.0
 ABSL_FLAG(int, port, Defaults().port, "gRPC port; 0 picks a free one and prints it.");
 ABSL_FLAG(uint32_t, shard_index, Defaults().shard.shard_index, "This shard's index, 0 <= shard_index < shard_count.");
 ABSL_FLAG(uint32_t, shard_count, Defaults().shard.shard_count, "Number of shards in the cluster.");
+ABSL_FLAG(std::string, routing, Defaults().shard.routing,
+          "How keys map to shards when the shard starts empty or reshards a restore: "
+          "splitmix64-jump65536 (moves 1/(n+1) of the keys from n to n+1 shards) or "
+          "splitmix64-fastrange32 (older checkpoints' routing; moves half). A restore of a "
+          "part of the same shard count keeps the routing its checkpoint records.");
 ABSL_FLAG(int, worker_threads, Defaults().worker_threads,
           "--rpc_mode=async: the threads kept for calls that may block (lookups that wait "
           "for the SSP clock, admin calls); more start while all are busy, so a ready call "
@@ -66,7 +71,9 @@ ABSL_FLAG(bool, checkpoint_on_exit, true,
           "With --checkpoint_dir, write a checkpoint on SIGTERM/SIGINT after serving stops.");
 ABSL_FLAG(std::string, restore_from, "",
           "Restore before serving: 'latest' (newest valid checkpoint in --checkpoint_dir, "
-          "none is fine) or a checkpoint directory.");
+          "none is fine), a checkpoint directory, or every part of a cluster checkpoint "
+          "separated by commas (PART0,PART1,...: any shard count or routing; this shard "
+          "reads the rows it owns under --shard_count and --routing).");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of this shard: serve both services over TLS (with --tls_key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
@@ -117,6 +124,7 @@ int main(int argc, char** argv) {
   options.table_config_file = absl::GetFlag(FLAGS_table_config_file);
   options.shard.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);
+  options.shard.routing = absl::GetFlag(FLAGS_routing);
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);

@@ -26,6 +26,7 @@ absl::Status ShardOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("shard_index: expected < shard_count ",
                                                    shard_count, ", received ", shard_index));
   }
+  EMBER_RETURN_IF_ERROR(KeyRouter::Make(routing, shard_count).status());
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("max_keys_per_request: expected >= 1, received 0");
   }
@@ -43,7 +44,9 @@ absl::Status ShardOptions::Validate() const {
   return CheckStoreDevice(device);
 }
 
-Shard::Shard(ShardOptions options) : options_(options) {}
+Shard::Shard(ShardOptions options)
+    : options_(options),
+      router_(KeyRouter::Make(options_.routing, options_.shard_count).value_or(KeyRouter())) {}
 
 void Shard::FillTableInfo(const Table& table, v1::TableInfo* info) const {
   const StoreStats st = table.store->Stats();
@@ -114,7 +117,7 @@ void Shard::ListTables(v1::ListTablesResponse* response) const {
 void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   r->set_shard_index(options_.shard_index);
   r->set_shard_count(options_.shard_count);
-  r->set_routing(kRoutingName);
+  r->set_routing(router_.routing());
   r->set_max_keys_per_request(options_.max_keys_per_request);
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_version(EMBER_VERSION);
@@ -133,7 +136,7 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
 absl::Status Shard::CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const {
   if (options_.shard_count == 1) return absl::OkStatus();
   for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t owner = ShardOf(keys[i], options_.shard_count);
+    const uint32_t owner = router_.ShardOf(keys[i]);
     if (owner != options_.shard_index) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", table, "' field 'keys': key ", keys[i], " at index ", i,

@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
+#include "common/key_router.h"
 #include "common/rw_mutex.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
@@ -70,8 +71,13 @@ struct RestoredTable {
 struct ShardOptions {
   // This shard's index in [0, shard_count).
   uint32_t shard_index = 0;
-  // Shards in the cluster; keys are routed by ShardOf(key, shard_count).
+  // Shards in the cluster.
   uint32_t shard_count = 1;
+  // How keys are routed to shards (common/key_router.h) when the shard
+  // starts empty. A restore of a checkpoint part of the same shard count
+  // keeps the routing the checkpoint records; a restore that reshards
+  // routes by this one.
+  std::string routing = kDefaultRouting;
   // Most keys one Lookup or Push may carry over all its tables.
   uint64_t max_keys_per_request = uint64_t{8} << 20;
   // Largest request or response message; a lookup whose answer would be
@@ -99,6 +105,9 @@ class Shard {
   explicit Shard(ShardOptions options);
 
   const ShardOptions& options() const { return options_; }
+  // The routing this shard checks keys against (changed only by
+  // InstallRestored).
+  const KeyRouter& router() const { return router_; }
 
   // Creates a table; see AdminService.CreateTable for the semantics.
   absl::Status CreateTable(const v1::TableConfig& config, v1::CreateTableResponse* response);
@@ -160,11 +169,13 @@ class Shard {
   // call it directly. Returns the rows evicted.
   uint64_t ExpireRows(absl::Duration since_start);
 
-  // Replaces every table and the consistency clock with restored ones.
-  // Only before serving: requests running meanwhile may see either state.
-  // `source` names the checkpoint (GetShardInfo.restored_from).
+  // Replaces every table, the consistency clock and the routing with
+  // restored ones (`router`: the restored keys' routing, of this shard's
+  // count). Only before serving: requests running meanwhile may see either
+  // state. `source` names the checkpoint (GetShardInfo.restored_from).
   void InstallRestored(std::vector<RestoredTable> tables,
-                       const std::map<uint32_t, SspClock::Progress>& workers, const std::string& source);
+                       const std::map<uint32_t, SspClock::Progress>& workers,
+                       const KeyRouter& router, const std::string& source);
 
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);
@@ -260,6 +271,7 @@ class Shard {
   std::vector<std::shared_ptr<Table>> TableList() const;
 
   const ShardOptions options_;
+  KeyRouter router_;  // written before serving only (InstallRestored)
   const absl::Time start_time_ = absl::Now();
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);

@@ -143,19 +143,6 @@ TEST(DTypeTest, AllFiniteFindsOneNonFiniteElementAnywhere) {
   EXPECT_TRUE(AllFinite(nullptr, DType::kFp32, 0));
 }
 
-TEST(KeyHashTest, ShardOfSpreadsKeysEvenlyAndStaysInRange) {
-  for (uint32_t shards : {1u, 2u, 3u, 7u}) {
-    std::vector<int> counts(shards);
-    for (uint64_t k = 0; k < 70000; ++k) {
-      uint32_t s = ShardOf(k, shards);
-      ASSERT_LT(s, shards);
-      ++counts[s];
-    }
-    for (int c : counts) EXPECT_NEAR(c, 70000.0 / shards, 70000.0 / shards * 0.05) << shards;
-  }
-  EXPECT_LT(ShardOf(~uint64_t{0}, 5), 5u);
-}
-
 TEST(WireTest, KeysViewReadsUnalignedBytesByCopying) {
   const std::vector<uint64_t> keys = {0, 1, ~uint64_t{0}, 0x0123456789abcdefULL};
   std::string storage = "x" + PackKeys(keys);

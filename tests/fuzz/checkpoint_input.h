@@ -14,7 +14,7 @@
 #include <string>
 
 #include "common/crc32c.h"
-#include "common/key_hash.h"
+#include "common/key_router.h"
 #include "ember/v1/checkpoint.pb.h"
 #include "kernels/table_config_proto.h"
 #include "server/checkpoint_format.h"
@@ -57,7 +57,7 @@ inline v1::CheckpointManifest ManifestFor(uint8_t table, const std::string& file
   m.set_sequence(1);
   m.set_shard_index(0);
   m.set_shard_count(1);
-  m.set_routing(kRoutingName);
+  m.set_routing(kDefaultRouting);
   m.set_step(-1);
   auto* entry = m.add_tables();
   *entry->mutable_config() = *NormalizeTableConfig(tables[table % tables.size()]);

@@ -9,20 +9,21 @@
 //   accepted Push names every table it was given.
 // Pushes come with their gradients in the message or, as an exchange stream
 // hands them over, left in pieces cut anywhere (ReceivedExchange).
+#include <fuzzer/FuzzedDataProvider.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
-#include <fuzzer/FuzzedDataProvider.h>
-#include <grpcpp/support/byte_buffer.h>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "google/protobuf/stubs/logging.h"
-#include "common/key_hash.h"
+#include "common/key_router.h"
 #include "common/wire.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/received_exchange.h"
 #include "server/shard.h"
 #include "tests/fuzz/fuzz_tables.h"
@@ -39,7 +40,7 @@ const std::vector<uint64_t>& OwnedKeys() {
   static const std::vector<uint64_t> keys = [] {
     std::vector<uint64_t> k;
     for (uint64_t key = 0; k.size() < 256; ++key) {
-      if (ShardOf(key, kShards) == 0) k.push_back(key);
+      if (DefaultShardOf(key, kShards) == 0) k.push_back(key);
     }
     return k;
   }();

@@ -12,14 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_system.h"
 #include "common/key_hash.h"
+#include "common/key_router.h"
 #include "common/status_macros.h"
 #include "ember/client.h"
-#include "kernels/serving_table.h"
 #include "ember/step_pipeline.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/serving_table.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -235,6 +236,67 @@ TEST(CheckpointIntegrationTest, KilledAndRestoredClusterTrainsOnBitForBitLikeAnU
       EXPECT_EQ(rows, want) << name << " exported as " << dtype;
     }
   }
+}
+
+TEST(CheckpointIntegrationTest,
+     ClusterCheckpointOfTwoShardsReshardedToThreeServesAndTrainsOnAsTwo) {
+  constexpr int64_t kSteps = 60;
+  const std::string config = "--table_config_file=" + TableConfigFile();
+  const std::vector<std::string> dirs = {FreshDir("reshard_shard0"), FreshDir("reshard_shard1")};
+  const std::string out = FreshDir("reshard_out");
+  absl::StatusOr<Cluster> two = StartWithCheckpointDirs(2, dirs, {config});
+  ASSERT_OK(two);
+  auto client = Connect(*two);
+  ASSERT_OK(client);
+  std::vector<std::unique_ptr<StepPipeline>> pipes;
+  ASSERT_OK(TrainBoth(client->get(), 0, kSteps, &pipes));
+  absl::StatusOr<ClusterCheckpoint> taken = (*client)->Checkpoint();
+  ASSERT_OK(taken);
+  const std::map<std::string, std::vector<float>> at_checkpoint = AllRows(client->get());
+  // The two shards train on: the reference for the resharded cluster.
+  for (auto& p : pipes) ASSERT_OK(p->Close());
+  ASSERT_OK(TrainBoth(client->get(), kSteps, 2 * kSteps, &pipes));
+  for (auto& p : pipes) ASSERT_OK(p->Close());
+  const std::map<std::string, std::vector<float>> expected = AllRows(client->get());
+  std::vector<std::string> parts;
+  for (const auto& r : taken->shards) parts.push_back(r.path());
+
+  std::string log;
+  ASSERT_EQ(
+      RunCommand({EMBER_CHECKPOINT_BIN, "reshard", "--to=3", "--out=" + out, parts[1], parts[0]},
+                 "", &log),
+      0)
+      << log;
+  EXPECT_NE(log.find("resharded 2 parts"), std::string::npos) << log;
+  // Three shards on the tool's parts, as a new cluster starts them.
+  absl::StatusOr<Cluster> three =
+      testing::StartCluster(3, {config, "--restore_from=latest"}, [&](int i) {
+        return std::vector<std::string>{"--checkpoint_dir=" +
+                                        JoinPath(out, absl::StrCat("shard-", i))};
+      });
+  ASSERT_OK(three);
+  auto client3 = Connect(*three);
+  ASSERT_OK(client3);
+  auto infos = (*client3)->ShardInfos();
+  ASSERT_OK(infos);
+  for (const auto& info : *infos) {
+    EXPECT_EQ(info.routing(), kDefaultRouting);
+    ASSERT_EQ(info.workers_size(), 2) << "the clock was not restored";
+    EXPECT_EQ(info.workers(0).applied_step(), kSteps - 1);
+  }
+  EXPECT_EQ(AllRows(client3->get()), at_checkpoint);
+  std::vector<std::unique_ptr<StepPipeline>> pipes3;
+  ASSERT_OK(TrainBoth(client3->get(), kSteps, 2 * kSteps, &pipes3));
+  for (auto& p : pipes3) ASSERT_OK(p->Close());
+  EXPECT_EQ(AllRows(client3->get()), expected);
+
+  // Three shards restoring the two parts themselves (no tool).
+  absl::StatusOr<Cluster> direct =
+      testing::StartCluster(3, {config, "--restore_from=" + parts[0] + "," + parts[1]});
+  ASSERT_OK(direct);
+  auto client_direct = Connect(*direct);
+  ASSERT_OK(client_direct);
+  EXPECT_EQ(AllRows(client_direct->get()), at_checkpoint);
 }
 
 TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOldOrTheNewOne) {

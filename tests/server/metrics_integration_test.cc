@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/key_hash.h"
+#include "common/key_router.h"
 #include "common/status_macros.h"
 #include "ember/client.h"
 #include "ember/step_pipeline.h"
@@ -221,7 +221,7 @@ TEST_F(MetricsIntegrationTest, TrainerExportsWaitOverlapStalenessUniqueRatioAndB
   // each; Exchange: 3 pushes to every shard, 3 fetches to the shards owning
   // keys 5, 6 or 7.
   std::set<uint32_t> owners;
-  for (uint64_t k : {5, 6, 7}) owners.insert(ShardOf(k, 2));
+  for (uint64_t k : {5, 6, 7}) owners.insert(DefaultShardOf(k, 2));
   double exchanges = 0;
   for (int sh = 0; sh < 2; ++sh) {
     const std::string shard = absl::StrCat("shard=\"", sh, "\"");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/key_hash.h"
+#include "common/key_router.h"
 #include "common/wire.h"
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/embedding_service.pb.h"
@@ -72,7 +73,7 @@ inline std::vector<uint64_t> OwnedKeys(uint32_t shard, uint32_t count, size_t n,
   std::vector<uint64_t> keys;
   for (uint64_t k = start; keys.size() < n; ++k) {
     const uint64_t key = Mix64(k);
-    if (ShardOf(key, count) == shard) keys.push_back(key);
+    if (DefaultShardOf(key, count) == shard) keys.push_back(key);
   }
   return keys;
 }

@@ -268,7 +268,7 @@ TEST_P(ServerIntegrationTest, ShardInfoReportsIdentityRoutingAndLimits) {
   ASSERT_TRUE(admin_->GetShardInfo(Context().get(), {}, &info).ok());
   EXPECT_EQ(info.shard_index(), 0u);
   EXPECT_EQ(info.shard_count(), kShards);
-  EXPECT_EQ(info.routing(), "splitmix64-fastrange32");
+  EXPECT_EQ(info.routing(), "splitmix64-jump65536");
   EXPECT_EQ(info.max_message_bytes(), kMaxMessageBytes);
   EXPECT_EQ(info.device(), GetParam());
 }

@@ -3,7 +3,7 @@
 // (ClientOptions::in_process); the rest of the library sees only the Client,
 // which reaches the shards through one ShardChannel (ember/shard_channel.h).
 //
-// It routes keys with the function the shards check (common/key_hash.h),
+// It routes keys with the function the shards check (common/key_router.h),
 // sends one RPC per shard, to all shards in parallel, with a deadline on
 // every call, and retries calls that fail with UNAVAILABLE (shard down or
 // restarting) with exponential backoff until a time budget is spent. Errors
@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/key_router.h"
 #include "common/tls.h"
 #include "ember/exchange_answer.h"
 #include "ember/shard_channel.h"
@@ -134,9 +135,9 @@ struct ClusterCheckpoint {
 
 class Client {
  public:
-  // Connects to every shard (starts them, for in-process shards) and checks
-  // that shard i reports index i of shards.size() and the same routing
-  // function as this client.
+  // Connects to every shard (starts them, for in-process shards), checks
+  // that shard i reports index i of shards.size() and that all report the
+  // same routing (common/key_router.h), and routes keys by it.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   // The same over a channel of the caller's (`options.shards` and
   // `options.in_process` are not used then; the other fields are).
@@ -218,6 +219,7 @@ class Client {
 
   const ClientOptions options_;
   const std::unique_ptr<ShardChannel> channel_;
+  KeyRouter router_;  // the shards' routing, set by Connect
 };
 
 }  // namespace ember
