@@ -18,15 +18,16 @@ BUILD_PACKAGES=(
 # Prometheus for the metrics tests; yamllint and kubectl for the manifests;
 # Python's venv and headers for the Python package (its wheels come from PyPI);
 # openssl makes the TLS tests' certificates; Clang and its runtime (libFuzzer,
-# ASan) build the fuzz targets; podman (with runc, netavark and
-# podman-compose) and debootstrap build and run the images in the container
-# smoke test.
+# ASan) build the fuzz targets; podman (with runc, netavark, which needs
+# iptables, aardvark-dns for compose's service names, catatonit for kube
+# play's pause image, and podman-compose) and debootstrap build and run the
+# images in the container smoke test.
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev openssl clang libclang-rt-14-dev
   redis-server libhiredis-dev
   prometheus yamllint
   python3-venv python3-dev
-  podman runc netavark debootstrap podman-compose
+  podman runc netavark iptables aardvark-dns catatonit debootstrap podman-compose
 )
 
 PACKAGES=("${BUILD_PACKAGES[@]}")
