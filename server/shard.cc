@@ -276,11 +276,22 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
   return LookupWithin(request, response, deadline, 0);
 }
 
+absl::Status Shard::NameRestore(absl::Status status) const {
+  if (!absl::IsDataLoss(status)) return status;
+  ReaderLock lock(&mu_);
+  return absl::DataLossError(absl::StrCat("shard ", options_.shard_index, " of ",
+                                          options_.shard_count, " (restored from '", restored_from_,
+                                          "'): ", status.message()));
+}
+
 absl::Status Shard::WaitForClock(const v1::LookupRequest& request, absl::string_view what,
                                  absl::Time deadline) {
   if (!request.has_step()) return absl::OkStatus();
   const int64_t required = request.step() - int64_t{request.staleness()} - 1;
   if (required < 0) return absl::OkStatus();
+  EMBER_RETURN_IF_ERROR(NameRestore(clock_.CheckRestored(
+      request.worker_id(), required,
+      absl::StrCat("asks for step ", request.step(), " with staleness ", request.staleness()))));
   const absl::Time start = absl::Now();
   absl::Status waited = clock_.WaitFor(
       required, std::min(deadline, start + options_.max_ssp_wait),
@@ -434,7 +445,7 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
   EMBER_RETURN_IF_ERROR(CheckRowBudget(resolved, std::vector<bool>(resolved.size(), true)));
 
   SspClock::Claim claim;
-  EMBER_RETURN_IF_ERROR(clock_.Begin(request.worker_id(), request.step(), &claim));
+  EMBER_RETURN_IF_ERROR(NameRestore(clock_.Begin(request.worker_id(), request.step(), &claim)));
   if (claim == SspClock::Claim::kDuplicate) {
     response->set_duplicate(true);
     return absl::OkStatus();

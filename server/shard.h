@@ -266,6 +266,9 @@ class Shard {
   absl::Status CheckRowBudget(const std::vector<Resolved>& resolved,
                               const std::vector<bool>& writes) const;
   absl::Status CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const;
+  // A DATA_LOSS of the clock (lost steps) with this shard and what it was
+  // restored from; any other status as it is.
+  absl::Status NameRestore(absl::Status status) const;
   void FillTableInfo(const Table& table, v1::TableInfo* info) const;
   // The tables as they are now (each stays alive while held).
   std::vector<std::shared_ptr<Table>> TableList() const;

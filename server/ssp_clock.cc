@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ember {
 
@@ -22,6 +23,27 @@ bool SspClock::Unregister(uint32_t worker) {
   return erased;
 }
 
+absl::Status SspClock::CheckKept(uint32_t worker, const Worker& w, int64_t needed,
+                                 absl::string_view what) {
+  const int64_t latest = LatestOf(w);
+  if (needed <= latest) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "worker ", worker, " ", what, ", so this shard acknowledged its pushes up to step ", needed,
+      " before, but its restored state holds them only up to step ", latest,
+      ": its pushes of steps ", latest + 1, " to ", needed,
+      " were lost with the shard's state. Restore every shard from one cluster checkpoint and "
+      "restart the trainer after that checkpoint's step (docs/operations.md, \"Replacing a lost "
+      "shard\")"));
+}
+
+absl::Status SspClock::CheckRestored(uint32_t worker, int64_t needed,
+                                     absl::string_view what) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || !it->second.restored) return absl::OkStatus();
+  return CheckKept(worker, it->second, needed, what);
+}
+
 absl::Status SspClock::Begin(uint32_t worker, int64_t step, Claim* claim) {
   std::unique_lock<std::mutex> lock(mu_);
   // A checkpoint's cut holds later steps back until its copy is taken. The
@@ -38,6 +60,10 @@ absl::Status SspClock::Begin(uint32_t worker, int64_t step, Claim* claim) {
   if (step <= w.applied || w.done_ahead.count(step) || w.in_flight.count(step)) {
     *claim = Claim::kDuplicate;
     return absl::OkStatus();
+  }
+  if (w.restored) {
+    EMBER_RETURN_IF_ERROR(CheckKept(worker, w, step - 1, absl::StrCat("pushes step ", step)));
+    w.restored = false;
   }
   // step > applied >= -1 here; their difference as int64 overflows for
   // step near 2^63 (2^63 - 1 - (-1)), as uint64 it does not.
@@ -164,9 +190,11 @@ std::map<uint32_t, SspClock::Progress> SspClock::Workers() const {
 
 void SspClock::Restore(uint32_t worker, const Progress& progress) {
   std::lock_guard<std::mutex> lock(mu_);
-  workers_[worker] = Worker{progress.applied,
-                            std::set<int64_t>(progress.done_ahead.begin(), progress.done_ahead.end()),
-                            {}};
+  workers_[worker] =
+      Worker{progress.applied,
+             std::set<int64_t>(progress.done_ahead.begin(), progress.done_ahead.end()),
+             {},
+             /*restored=*/true};
   advanced_.notify_all();
 }
 

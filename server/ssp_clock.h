@@ -45,7 +45,18 @@ class SspClock {
   // worker is not registered (apply it, the clock ignores it); kDuplicate when
   // the step is applied or in flight (do not apply). FAILED_PRECONDITION when
   // the step is more than kMaxStepsAhead past the worker's applied step.
+  // DATA_LOSS, claiming nothing, when the worker's progress was restored
+  // (Restore) and this, its first push since, skips steps past it: a
+  // trainer pushes its steps in order, each once every shard acknowledged
+  // the one before, so the skipped steps were acknowledged by this shard
+  // before its state was lost, and the checkpoint lacks them.
   absl::Status Begin(uint32_t worker, int64_t step, Claim* claim);
+  // DATA_LOSS when `worker`'s progress was restored, it has not pushed since,
+  // and it asks for something (`what`, for the message) that needs its own
+  // pushes up to `needed`, which the restored state lacks: a trainer sends a
+  // lookup only once its pushes it needs were acknowledged, so they were
+  // acknowledged by this shard before its state was lost.
+  absl::Status CheckRestored(uint32_t worker, int64_t needed, absl::string_view what) const;
   // Ends a kClaimed push: `applied` marks it done and may advance the clock,
   // otherwise the claim is released so that a retry can apply it.
   void End(uint32_t worker, int64_t step, bool applied);
@@ -74,7 +85,8 @@ class SspClock {
   // Each registered worker's progress (a checkpoint records it).
   std::map<uint32_t, Progress> Workers() const;
   // Registers `worker` (or resets it) with exactly `progress` (a restore), so
-  // that a retry of any step it holds is a duplicate.
+  // that a retry of any step it holds is a duplicate, and its next push is
+  // checked for lost steps (Begin).
   void Restore(uint32_t worker, const Progress& progress);
   // The latest step any registered worker has applied or claimed; -1 if none.
   int64_t LatestStep() const;
@@ -92,10 +104,15 @@ class SspClock {
     int64_t applied = -1;
     std::set<int64_t> done_ahead;  // applied steps > applied + 1
     std::set<int64_t> in_flight;   // claimed, not ended
+    bool restored = false;         // by Restore, and no push claimed since
   };
   // The registered worker with the smallest applied step, or end().
   std::map<uint32_t, Worker>::const_iterator Slowest() const;
 
+  // OK if the worker's pushes up to `needed` are applied or claimed, else
+  // DATA_LOSS naming the lost steps.
+  static absl::Status CheckKept(uint32_t worker, const Worker& w, int64_t needed,
+                                absl::string_view what);
   // The largest step the worker has applied or claimed.
   static int64_t LatestOf(const Worker& w);
 

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -88,19 +89,23 @@ Batch MakeBatch(uint32_t worker, int64_t step) {
   return b;
 }
 
-// Steps [begin, end) of one worker (synchronous, s = 0), then Flush.
-absl::Status Train(Client* client, uint32_t worker, int64_t begin, int64_t end,
-                   std::unique_ptr<StepPipeline>* out) {
+// A pipeline of one worker at `staleness`, its first step `begin`.
+absl::StatusOr<std::unique_ptr<StepPipeline>> NewPipeline(Client* client, uint32_t worker,
+                                                          int64_t begin, int staleness = 0) {
   PipelineOptions p;
   p.worker_id = worker;
-  p.staleness = 0;
+  p.staleness = staleness;
   p.first_step = begin;
   for (size_t f = 0; f < kTables.size(); ++f) {
     p.features.push_back({kTables[f].name(), kTables[f].name(),
                           f % 2 == 0 ? Combiner::kMean : Combiner::kSum});
   }
-  EMBER_ASSIGN_OR_RETURN(*out, StepPipeline::Create(client, p));
-  StepPipeline& pipe = **out;
+  return StepPipeline::Create(client, p);
+}
+
+// Steps [begin, end) of `worker` on `pipe` (whose next step is begin), then
+// Flush.
+absl::Status TrainOn(StepPipeline& pipe, uint32_t worker, int64_t begin, int64_t end) {
   int64_t prefetched = begin;
   for (int64_t t = begin; t < end; ++t) {
     while (prefetched < end && prefetched <= t + pipe.prefetch_depth()) {
@@ -117,6 +122,13 @@ absl::Status Train(Client* client, uint32_t worker, int64_t begin, int64_t end,
     EMBER_RETURN_IF_ERROR(pipe.Push(t, {grads.begin(), grads.end()}));
   }
   return pipe.Flush();
+}
+
+// Steps [begin, end) of one worker (synchronous, s = 0), then Flush.
+absl::Status Train(Client* client, uint32_t worker, int64_t begin, int64_t end,
+                   std::unique_ptr<StepPipeline>* out) {
+  EMBER_ASSIGN_OR_RETURN(*out, NewPipeline(client, worker, begin));
+  return TrainOn(**out, worker, begin, end);
 }
 
 // Both workers in parallel.
@@ -297,6 +309,67 @@ TEST(CheckpointIntegrationTest,
   auto client_direct = Connect(*direct);
   ASSERT_OK(client_direct);
   EXPECT_EQ(AllRows(client_direct->get()), at_checkpoint);
+}
+
+TEST(CheckpointIntegrationTest, LostShardReplacedFromTheClusterCheckpointReportsTheLostSteps) {
+  const std::string config = "--table_config_file=" + TableConfigFile();
+  const std::vector<std::string> dirs = {FreshDir("lost_shard0"), FreshDir("lost_shard1")};
+  const std::string backup = FreshDir("lost_backup");
+  absl::StatusOr<Cluster> cluster = StartWithCheckpointDirs(2, dirs, {config});
+  ASSERT_OK(cluster);
+  auto client = Connect(*cluster);
+  ASSERT_OK(client);
+  auto pipe = NewPipeline(client->get(), 0, 0, /*staleness=*/1);
+  ASSERT_OK(pipe);
+  ASSERT_OK(TrainOn(**pipe, 0, 0, 20));
+  absl::StatusOr<ClusterCheckpoint> taken = (*client)->Checkpoint();
+  ASSERT_OK(taken);
+  ASSERT_EQ(taken->step, 19);
+  // The cluster checkpoint kept off the shards' machines.
+  std::vector<std::string> kept;
+  ASSERT_OK(FileSystem::Posix()->CreateDirs(backup));
+  for (const auto& r : taken->shards) {
+    kept.push_back(JoinPath(backup, absl::StrCat("shard-", r.manifest().shard_index())));
+    std::filesystem::copy(r.path(), kept.back(), std::filesystem::copy_options::recursive);
+  }
+  ASSERT_OK(TrainOn(**pipe, 0, 20, 40));
+  const std::map<std::string, std::vector<float>> at_step_39 = AllRows(client->get());
+
+  // Shard 1's machine is gone: the process and its directory. A new shard 1
+  // on the same address restores shard 1's part of the cluster checkpoint.
+  const int port1 = (*cluster)[1]->port();
+  ASSERT_OK((*cluster)[1]->Stop(SIGKILL, absl::Seconds(10)));
+  ASSERT_OK(FileSystem::Posix()->RemoveAll(dirs[1]));
+  auto replacement = ServerProcess::Start(
+      {"--shard_index=1", "--shard_count=2", "--worker_threads=2", config,
+       absl::StrCat("--port=", port1), "--checkpoint_dir=" + FreshDir("lost_new_shard1"),
+       "--restore_from=" + kept[1]});
+  ASSERT_OK(replacement);
+  // The trainer reconnects, and its next step reports what the shard lost.
+  absl::Status lost = TrainOn(**pipe, 0, 40, 45);
+  EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss) << lost;
+  std::fprintf(stderr, "the trainer was told: %s\n", lost.ToString().c_str());
+  for (const std::string& part :
+       {std::string("shard 1 of 2 (restored from '") + kept[1] + "')",
+        std::string("restored state holds them only up to step 19: its pushes of steps 20 to "),
+        std::string("were lost with the shard's state")}) {
+    EXPECT_NE(lost.message().find(part), std::string::npos) << lost << "\nlacks: " << part;
+  }
+  pipe->reset();
+
+  // The documented recovery: every shard back to the cluster checkpoint
+  // (shard 0 restarted on its address from its part), the trainer from
+  // step 20; it trains to the same rows as before the loss.
+  const int port0 = (*cluster)[0]->port();
+  ASSERT_OK((*cluster)[0]->Stop(SIGKILL, absl::Seconds(10)));
+  auto shard0 =
+      ServerProcess::Start({"--shard_index=0", "--shard_count=2", "--worker_threads=2", config,
+                            absl::StrCat("--port=", port0), "--restore_from=" + kept[0]});
+  ASSERT_OK(shard0);
+  auto resumed = NewPipeline(client->get(), 0, 20, /*staleness=*/1);
+  ASSERT_OK(resumed);
+  ASSERT_OK(TrainOn(**resumed, 0, 20, 40));
+  EXPECT_EQ(AllRows(client->get()), at_step_39);
 }
 
 TEST(CheckpointIntegrationTest, ShardKilledWhileWritingACheckpointRestoresTheOldOrTheNewOne) {

@@ -61,6 +61,41 @@ TEST(SspClockTest, StepFarAheadIsRefusedNamingTheWorker) {
   EXPECT_NE(s.message().find("worker 3"), std::string::npos) << s;
 }
 
+TEST(SspClockTest, ARestoredWorkersFirstPushOrLookupPastItsRestoredStepsReportsTheLostSteps) {
+  SspClock clock;
+  clock.Restore(3, SspClock::Progress{19, {}});
+  SspClock::Claim claim = SspClock::Claim::kDuplicate;
+  // The trainer was at step 40 when the shard was lost: pushes 20-39 were
+  // acknowledged by the shard and are not in the checkpoint.
+  absl::Status s = clock.Begin(3, 40, &claim);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("worker 3 pushes step 40, so this shard acknowledged its pushes up "
+                             "to step 39 before, but its restored state holds them only up to "
+                             "step 19: its pushes of steps 20 to 39 were lost"),
+            std::string::npos)
+      << s;
+  s = clock.CheckRestored(3, 38, "asks for step 40 with staleness 1");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("steps 20 to 38 were lost"), std::string::npos) << s;
+  // Nothing was claimed; what the checkpoint holds is fine.
+  EXPECT_OK(clock.CheckRestored(3, 19, "asks for step 21 with staleness 1"));
+  EXPECT_EQ(clock.MinApplied(), 19);
+  // A retry of the next step (a restart that lost nothing) is accepted and
+  // ends the check: later steps are ordinary.
+  ASSERT_OK(clock.Begin(3, 20, &claim));
+  EXPECT_EQ(claim, SspClock::Claim::kClaimed);
+  EXPECT_OK(clock.CheckRestored(3, 30, "anything"));
+  // Steps the checkpoint holds out of order count as kept.
+  clock.Restore(4, SspClock::Progress{5, {7}});
+  EXPECT_OK(clock.CheckRestored(4, 7, "asks"));
+  ASSERT_OK(clock.Begin(4, 8, &claim));
+  // A worker registered afresh (a trainer restarted at an earlier step) is
+  // not checked.
+  clock.Restore(5, SspClock::Progress{19, {}});
+  clock.Register(5, /*first_step=*/10);
+  ASSERT_OK(clock.Begin(5, 12, &claim));
+}
+
 TEST(SspClockTest, WaitTimesOutNamingTheSlowestWorkerAndUnregisterReleasesIt) {
   SspClock clock;
   clock.Register(1, 10);
