@@ -5,6 +5,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/key_router.h"
+#include "common/status_macros.h"
 #include "server/checkpoint_format.h"
 
 namespace ember {
@@ -26,6 +27,19 @@ std::string BaseName(const std::string& path) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   const size_t slash = p.rfind('/');
   return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+absl::Status CheckPlacement(const v1::CheckpointManifest& m, const std::string& where) {
+  if (m.shard_index() >= m.shard_count()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file '", where, "': shard_index ",
+                                            m.shard_index(), " is not below shard_count ",
+                                            m.shard_count()));
+  }
+  if (absl::Status s = KeyRouter::Make(m.routing(), m.shard_count()).status(); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint file '", where, "': this build cannot read its ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
@@ -50,10 +64,7 @@ absl::StatusOr<std::vector<v1::CheckpointManifest>> ReadChain(FileSystem* fs,
     const std::string where = JoinPath(current, kManifestFileName);
     // A delta's parents must be of the same shard, routed the same.
     if (chain.empty()) {
-      if (absl::Status s = KeyRouter::Make(m.routing(), m.shard_count()).status(); !s.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint file '", where, "': this build cannot read its ", s.message()));
-      }
+      EMBER_RETURN_IF_ERROR(CheckPlacement(m, where));
     } else if (m.shard_index() != chain.front().shard_index() ||
                m.shard_count() != chain.front().shard_count() ||
                m.routing() != chain.front().routing()) {

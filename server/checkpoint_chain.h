@@ -19,6 +19,11 @@ std::string ParentDir(const std::string& path);
 // The last component of `path` (trailing slashes ignored).
 std::string BaseName(const std::string& path);
 
+// OK if the manifest's shard index is below its count and its routing is
+// one this build knows; else DATA_LOSS or FAILED_PRECONDITION naming `where`
+// (its MANIFEST file).
+absl::Status CheckPlacement(const v1::CheckpointManifest& m, const std::string& where);
+
 // Reads the manifests of the checkpoint at `path` and of its parents, base
 // first. Each manifest's id is set to its directory's name (a copied or
 // renamed checkpoint reads its own files). Checks that every parent was

@@ -1,5 +1,6 @@
 #include "server/checkpoint_format.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,8 @@ constexpr uint32_t kRowsBlock = 1;
 constexpr uint32_t kRemovedBlock = 2;
 constexpr uint32_t kFooterBlock = 3;
 constexpr uint32_t kFlagSteps = 1;
+// Largest rows block a writer makes (unless one row is larger).
+constexpr size_t kMaxBlockBytes = size_t{8} << 20;
 // Largest manifest accepted: far above any real one (a table entry is about
 // 200 bytes), low enough that a corrupted length cannot exhaust memory.
 constexpr uint32_t kMaxManifestBytes = 64u << 20;
@@ -84,8 +87,10 @@ absl::Status TableFileWriter::Write(absl::string_view bytes) {
 absl::Status TableFileWriter::Append(const SnapshotBatch& batch) {
   const ExportedRows& r = batch.rows;
   const size_t n = r.keys.size();
-  auto bytes_of = [](const auto& v, size_t count) {
-    return absl::string_view(reinterpret_cast<const char*>(v.data()), count * sizeof(v[0]));
+  // Column `v`'s elements of rows [begin, begin + count), `per_row` each.
+  auto bytes_of = [](const auto& v, size_t begin, size_t count, size_t per_row) {
+    return absl::string_view(reinterpret_cast<const char*>(v.data() + begin * per_row),
+                             count * per_row * sizeof(v[0]));
   };
   auto block_header = [this](uint32_t kind, uint64_t count) {
     buffer_.clear();
@@ -94,29 +99,34 @@ absl::Status TableFileWriter::Append(const SnapshotBatch& batch) {
     PutU64(&buffer_, count);
     return Write(buffer_);
   };
-  if (n > 0) {
+  // A reader holds one block in memory: blocks are kept to kMaxBlockBytes
+  // however large the batch.
+  const size_t row_bytes = RowBytes(config_, state_floats_, has_step_);
+  const size_t block_rows = std::max<size_t>(1, kMaxBlockBytes / row_bytes);
+  const size_t dim = config_.dim;
+  for (size_t begin = 0; begin < n; begin += block_rows) {
     // The batch's arrays are written as they are (fp32 rows need no
     // conversion), not assembled into one buffer first: one copy less.
-    const size_t dim = config_.dim;
-    EMBER_RETURN_IF_ERROR(block_header(kRowsBlock, n));
-    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.keys, n)));
+    const size_t count = std::min(block_rows, n - begin);
+    EMBER_RETURN_IF_ERROR(block_header(kRowsBlock, count));
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.keys, begin, count, 1)));
     if (config_.dtype == DType::kFp32) {
-      EMBER_RETURN_IF_ERROR(Write(bytes_of(r.values, n * dim)));
+      EMBER_RETURN_IF_ERROR(Write(bytes_of(r.values, begin, count, dim)));
     } else {
-      std::string converted(n * dim * DTypeSize(config_.dtype), '\0');
-      ConvertElements(r.values.data(), DType::kFp32, converted.data(), config_.dtype, n * dim);
+      std::string converted(count * dim * DTypeSize(config_.dtype), '\0');
+      ConvertElements(r.values.data() + begin * dim, DType::kFp32, converted.data(), config_.dtype,
+                      count * dim);
       EMBER_RETURN_IF_ERROR(Write(converted));
     }
-    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.state, n * state_floats_)));
-    if (has_step_) EMBER_RETURN_IF_ERROR(Write(bytes_of(r.steps, n)));
-    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.scores, n)));
-    const size_t payload = n * RowBytes(config_, state_floats_, has_step_);
-    EMBER_RETURN_IF_ERROR(Write(std::string(Pad8(kBlockHeaderBytes + payload), '\0')));
-    rows_ += n;
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.state, begin, count, state_floats_)));
+    if (has_step_) EMBER_RETURN_IF_ERROR(Write(bytes_of(r.steps, begin, count, 1)));
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(r.scores, begin, count, 1)));
+    EMBER_RETURN_IF_ERROR(Write(std::string(Pad8(kBlockHeaderBytes + count * row_bytes), '\0')));
+    rows_ += count;
   }
   if (!batch.removed.empty()) {
     EMBER_RETURN_IF_ERROR(block_header(kRemovedBlock, batch.removed.size()));
-    EMBER_RETURN_IF_ERROR(Write(bytes_of(batch.removed, batch.removed.size())));
+    EMBER_RETURN_IF_ERROR(Write(bytes_of(batch.removed, 0, batch.removed.size(), 1)));
     removed_ += batch.removed.size();
   }
   return absl::OkStatus();

@@ -135,6 +135,7 @@ CheckpointListing ListCheckpointDirectory(FileSystem* fs, const std::string& dir
       s = absl::DataLossError(
           absl::StrCat("its parent '", m.parent_id(), "' is refused or missing"));
     }
+    if (s.ok()) s = CheckPlacement(m, JoinPath(JoinPath(directory, m.id()), kManifestFileName));
     if (s.ok()) s = VerifyTableFiles(fs, JoinPath(directory, m.id()), m);
     if (s.ok()) {
       accepted.insert(m.id());

@@ -487,6 +487,29 @@ TEST_F(DamagedCheckpointTest, OtherFormatVersionOfATableFileIsRefused) {
                             {"table-adam_fp16.rows", "format version 2"});
 }
 
+TEST_F(DamagedCheckpointTest, ManifestWithAShardIndexNotBelowItsCountIsRefused) {
+  ExpectRefusedWithFallback(
+      [](const std::string& p) {
+        auto m = ReadManifest(FileSystem::Posix(), p);
+        ASSERT_OK(m);
+        m->set_shard_index(7);
+        ASSERT_OK(WriteManifest(FileSystem::Posix(), p, *m));
+      },
+      absl::StatusCode::kDataLoss, {"MANIFEST", "shard_index 7 is not below shard_count 2"});
+}
+
+TEST_F(DamagedCheckpointTest, ManifestWithAnUnknownRoutingIsRefused) {
+  ExpectRefusedWithFallback(
+      [](const std::string& p) {
+        auto m = ReadManifest(FileSystem::Posix(), p);
+        ASSERT_OK(m);
+        m->set_routing("modulo");
+        ASSERT_OK(WriteManifest(FileSystem::Posix(), p, *m));
+      },
+      absl::StatusCode::kFailedPrecondition,
+      {"MANIFEST", "this build cannot read its routing", "received 'modulo'"});
+}
+
 TEST_F(DamagedCheckpointTest, CheckpointOfAnotherShardIndexIsRefused) {
   ExpectRefusedWithFallback([](const std::string&) {}, absl::StatusCode::kFailedPrecondition,
                             {"written by shard 0 of 2, this is shard 1 of 2"}, Options(1, 2));
