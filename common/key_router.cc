@@ -12,21 +12,6 @@ namespace {
 constexpr int kSlotBits = 16;
 static_assert(kMaxShards == uint32_t{1} << kSlotBits);
 
-// Jump consistent hash: the bucket in [0, buckets) of `key`, such that
-// going from n to n + 1 buckets moves a key only to the new bucket, each
-// with probability 1/(n + 1).
-uint32_t JumpConsistentHash(uint64_t key, uint32_t buckets) {
-  int64_t b = -1;
-  int64_t j = 0;
-  while (j < static_cast<int64_t>(buckets)) {
-    b = j;
-    key = key * 2862933555777941757ULL + 1;
-    j = static_cast<int64_t>(static_cast<double>(b + 1) * (static_cast<double>(int64_t{1} << 31) /
-                                                           static_cast<double>((key >> 33) + 1)));
-  }
-  return static_cast<uint32_t>(b);
-}
-
 // The slot tables, built once per shard count (65,536 jump hashes: ~3 ms)
 // and shared by every router of that count.
 std::shared_ptr<const uint16_t[]> SlotTable(uint32_t shard_count) {
@@ -46,6 +31,18 @@ std::shared_ptr<const uint16_t[]> SlotTable(uint32_t shard_count) {
 }
 
 }  // namespace
+
+uint32_t JumpConsistentHash(uint64_t key, uint32_t buckets) {
+  int64_t b = -1;
+  int64_t j = 0;
+  while (j < static_cast<int64_t>(buckets)) {
+    b = j;
+    key = key * 2862933555777941757ULL + 1;
+    j = static_cast<int64_t>(static_cast<double>(b + 1) * (static_cast<double>(int64_t{1} << 31) /
+                                                           static_cast<double>((key >> 33) + 1)));
+  }
+  return static_cast<uint32_t>(b);
+}
 
 KeyRouter::KeyRouter() : routing_(kDefaultRouting), slots_(SlotTable(1)) {}
 
