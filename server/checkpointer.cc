@@ -480,6 +480,7 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
       KeyRouter router;
       int64_t step = -1;
       size_t checkpoints = 1;
+      uint64_t bytes = 0;
       std::vector<std::string> parts = SplitParts(path);
       if (parts.size() == 1) {
         EMBER_ASSIGN_OR_RETURN(std::vector<v1::CheckpointManifest> chain, ReadChain(fs_, path));
@@ -495,6 +496,9 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
           }
           step = m.step();
           checkpoints = chain.size();
+          for (const v1::CheckpointManifest& c : chain) {
+            for (const v1::CheckpointTable& t : c.tables()) bytes += t.file_bytes();
+          }
           parts.clear();
         } else if (m.shard_count() != 1) {
           return absl::FailedPreconditionError(
@@ -514,6 +518,7 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
         workers = cluster.workers;
         step = cluster.step;
         checkpoints = parts.size();
+        bytes = cluster.bytes;
         spdlog::info(
             "resharding: {} parts of {} shards routed by '{}' into shard {} of {} routed by '{}'",
             parts.size(), cluster.shard_count, cluster.routing, shard.shard_index,
@@ -522,7 +527,9 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
       const size_t n = tables.size();
       shard_->InstallRestored(std::move(tables), workers, router, path);
       if (metrics_ != nullptr) {
-        metrics_->RecordRestore(absl::ToDoubleSeconds(absl::Now() - start), step);
+        metrics_->RecordRestore(absl::ToDoubleSeconds(absl::Now() - start), step,
+                                static_cast<uint32_t>(parts.empty() ? 1 : parts.size()), bytes,
+                                router.routing());
       }
       spdlog::info(
           "restored {} tables and {} workers at step {} from {} ({} checkpoints) in {:.3f} s", n,

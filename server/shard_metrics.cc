@@ -59,8 +59,8 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       table_requests_(r->AddCounter("ember_table_requests_total",
                                     "Table entries of Lookup and Push calls served.",
                                     {"table", "rpc"})),
-      table_keys_(r->AddCounter("ember_table_keys_total", "Keys looked up or pushed.",
-                                {"table", "rpc"})),
+      table_keys_(
+          r->AddCounter("ember_table_keys_total", "Keys looked up or pushed.", {"table", "rpc"})),
       table_bytes_(r->AddCounter("ember_table_bytes_total",
                                  "Row bytes returned by lookups and gradient bytes received by "
                                  "pushes.",
@@ -106,9 +106,20 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       restore_seconds_(r->AddGauge("ember_restore_duration_seconds",
                                    "Time the start-up restore took (0: nothing restored).")
                            .With({})),
-      restore_step_(r->AddGauge("ember_restore_step",
-                                "The cut step of the checkpoint restored at start-up.")
-                        .With({})) {}
+      restore_step_(
+          r->AddGauge("ember_restore_step", "The cut step of the checkpoint restored at start-up.")
+              .With({})),
+      restore_parts_(r->AddGauge("ember_restore_parts",
+                                 "Checkpoint parts the start-up restore read: 1, or every part "
+                                 "of a cluster checkpoint it resharded (0: nothing restored).")
+                         .With({})),
+      restore_bytes_(r->AddGauge("ember_restore_bytes",
+                                 "Data bytes of the checkpoint files the start-up restore read.")
+                         .With({})),
+      restore_routing_(r->AddGauge("ember_restore_routing_info",
+                                   "1 for the routing a restored shard serves by (the "
+                                   "checkpoint's, or the shard's when it resharded).",
+                                   {"routing"})) {}
 
 void ShardMetrics::RecordCheckpoint(absl::string_view kind, absl::string_view result) {
   checkpoints_.With({std::string(kind), std::string(result)}).Add();
@@ -124,9 +135,13 @@ void ShardMetrics::RecordCheckpointSuccess(double unix_seconds, uint64_t bytes, 
   checkpoint_last_seconds_.With({"write"}).Set(write);
 }
 
-void ShardMetrics::RecordRestore(double seconds, int64_t step) {
+void ShardMetrics::RecordRestore(double seconds, int64_t step, uint32_t parts, uint64_t bytes,
+                                 absl::string_view routing) {
   restore_seconds_.Set(seconds);
   restore_step_.Set(static_cast<double>(step));
+  restore_parts_.Set(parts);
+  restore_bytes_.Set(static_cast<double>(bytes));
+  restore_routing_.With({std::string(routing)}).Set(1);
 }
 
 void ShardMetrics::RecordCall(Rpc rpc, absl::StatusCode code, double seconds) {

@@ -77,8 +77,11 @@ class ShardMetrics {
   void RecordCheckpoint(absl::string_view kind, absl::string_view result);
   void RecordCheckpointSuccess(double unix_seconds, uint64_t bytes, int64_t step,
                                double cut_wait, double copy, double write);
-  // The checkpoint restored at start-up.
-  void RecordRestore(double seconds, int64_t step);
+  // A start-up restore: its time, cut step, the checkpoint parts it read
+  // (1, or every part of a cluster checkpoint it resharded), their data
+  // bytes, and the routing the shard serves by since.
+  void RecordRestore(double seconds, int64_t step, uint32_t parts, uint64_t bytes,
+                     absl::string_view routing);
 
  private:
   metrics::Registry* registry_;
@@ -99,6 +102,9 @@ class ShardMetrics {
   metrics::Family<metrics::Gauge>& checkpoint_last_seconds_;
   metrics::Gauge& restore_seconds_;
   metrics::Gauge& restore_step_;
+  metrics::Gauge& restore_parts_;
+  metrics::Gauge& restore_bytes_;
+  metrics::Family<metrics::Gauge>& restore_routing_;
   std::atomic<metrics::Counter*> call_cache_[kRpcs][kCodes] = {};
   std::atomic<metrics::Histogram*> seconds_cache_[kRpcs] = {};
 

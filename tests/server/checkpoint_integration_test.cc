@@ -280,6 +280,18 @@ TEST(CheckpointIntegrationTest,
       0)
       << log;
   EXPECT_NE(log.find("resharded 2 parts"), std::string::npos) << log;
+  // Refusals exit 1 saying why, and write nothing.
+  EXPECT_EQ(WEXITSTATUS(RunCommand(
+                {EMBER_CHECKPOINT_BIN, "reshard", "--to=3", "--out=" + out + "-one", parts[0]}, "",
+                &log)),
+            1);
+  EXPECT_NE(log.find("no part of shard 1 among the 1 given"), std::string::npos) << log;
+  EXPECT_FALSE(FileSystem::Posix()->IsDirectory(out + "-one"));
+  EXPECT_EQ(WEXITSTATUS(RunCommand(
+                {EMBER_CHECKPOINT_BIN, "reshard", "--to=3", "--out=" + out, parts[0], parts[1]}, "",
+                &log)),
+            1);
+  EXPECT_NE(log.find("exists; choose another id or out_dir"), std::string::npos) << log;
   // Three shards on the tool's parts, as a new cluster starts them.
   absl::StatusOr<Cluster> three =
       testing::StartCluster(3, {config, "--restore_from=latest"}, [&](int i) {

@@ -908,7 +908,13 @@ TEST_F(CheckpointTest, CheckpointsAndTheRestoreAreCountedInTheShardMetrics) {
   Shard fresh(Options());
   Checkpointer loader(&fresh, Opts(), FileSystem::Posix(), &metrics);
   ASSERT_OK(loader.Restore("latest"));
-  EXPECT_NE(registry.Expose().find("ember_restore_step 3\n"), std::string::npos);
+  const std::string restored = registry.Expose();
+  for (const std::string& line :
+       {std::string("ember_restore_step 3"), std::string("ember_restore_parts 1"),
+        std::string("ember_restore_routing_info{routing=\"splitmix64-jump65536\"} 1")}) {
+    EXPECT_NE(restored.find(line + "\n"), std::string::npos) << line << " not in:\n" << restored;
+  }
+  EXPECT_EQ(restored.find("ember_restore_bytes 0\n"), std::string::npos) << restored;
 }
 
 TEST_F(CheckpointTest, OldCheckpointsBeyondKeepAreDeletedWithTheirDeltas) {

@@ -10,9 +10,11 @@
 #include <tuple>
 
 #include "absl/strings/str_join.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "server/checkpointer.h"
+#include "server/shard_metrics.h"
 #include "tests/server/requests.h"
 #include "tests/test_util.h"
 
@@ -286,6 +288,23 @@ TEST(ReshardTest, TrainingAfterAReshardedRestoreEqualsTrainingThatNeverResharded
           break;
         }
       }
+    }
+  }
+  // A resharded restore is counted with every part it read.
+  {
+    metrics::Registry registry;
+    ShardMetrics metrics(&registry);
+    ShardOptions o;
+    o.shard_index = 1;
+    o.shard_count = 3;
+    Shard shard(o);
+    Checkpointer loader(&shard, CheckpointerOptions{}, FileSystem::Posix(), &metrics);
+    ASSERT_OK(loader.Restore(absl::StrJoin(parts, ",")).status());
+    const std::string text = registry.Expose();
+    for (const std::string& line :
+         {std::string("ember_restore_parts 2"), std::string("ember_restore_step 5"),
+          std::string("ember_restore_routing_info{routing=\"splitmix64-jump65536\"} 1")}) {
+      EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << " not in:\n" << text;
     }
   }
   v1::GetShardInfoResponse info;
