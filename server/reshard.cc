@@ -222,14 +222,24 @@ absl::StatusOr<std::vector<RestoredTable>> LoadOwnedTables(FileSystem* fs,
     table.config = cluster.tables[t];
     EMBER_ASSIGN_OR_RETURN(table.store, NewStore(config, device));
     EmbeddingStore* store = table.store.get();
+    uint64_t imported = 0;
     EMBER_RETURN_IF_ERROR(StreamRoutedRows(
         fs, cluster, t, to, [&](uint32_t s) { return s == shard_index; },
         [&](uint32_t, const SnapshotBatch& rows) -> absl::Status {
           if (absl::Status s = store->Import(rows.rows); !s.ok()) {
             return absl::Status(s.code(), absl::StrCat("table '", config.name, "': ", s.message()));
           }
+          imported += rows.rows.keys.size();
           return absl::OkStatus();
         }));
+    // A table with eviction makes room by evicting: a share larger than its
+    // capacity would lose rows silently.
+    if (const uint64_t kept = store->Stats().rows; kept < imported) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", config.name, "': shard ", shard_index, " of ", to.shard_count(), " owns ",
+          imported, " rows of the checkpoint, its store kept ", kept, " (capacity ",
+          config.capacity, " per shard): give the table more shards or a larger capacity"));
+    }
     out.push_back(std::move(table));
   }
   return out;
@@ -305,6 +315,12 @@ absl::StatusOr<ReshardResult> Reshard(FileSystem* fs, const CheckpointParts& clu
       entry->set_file(TableFileName(proto.name()));
       entry->set_full(true);
       EMBER_RETURN_IF_ERROR(writers[s]->Finish(entry));
+      if (config.capacity > 0 && entry->rows() > config.capacity) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "reshard: table '", proto.name(), "': shard ", s, " of ", n, " would hold ",
+            entry->rows(), " rows, more than its capacity of ", config.capacity,
+            " per shard: give the table more shards or a larger capacity"));
+      }
       result.bytes_written += entry->file_bytes();
       result.rows += entry->rows();
     }

@@ -331,7 +331,8 @@ TEST(CheckpointIntegrationTest, LostShardReplacedFromTheClusterCheckpointReports
   ASSERT_OK(cluster);
   auto client = Connect(*cluster);
   ASSERT_OK(client);
-  auto pipe = NewPipeline(client->get(), 0, 0, /*staleness=*/1);
+  // Synchronous (s = 0), so that training is deterministic.
+  auto pipe = NewPipeline(client->get(), 0, 0);
   ASSERT_OK(pipe);
   ASSERT_OK(TrainOn(**pipe, 0, 0, 20));
   absl::StatusOr<ClusterCheckpoint> taken = (*client)->Checkpoint();
@@ -378,7 +379,7 @@ TEST(CheckpointIntegrationTest, LostShardReplacedFromTheClusterCheckpointReports
       ServerProcess::Start({"--shard_index=0", "--shard_count=2", "--worker_threads=2", config,
                             absl::StrCat("--port=", port0), "--restore_from=" + kept[0]});
   ASSERT_OK(shard0);
-  auto resumed = NewPipeline(client->get(), 0, 20, /*staleness=*/1);
+  auto resumed = NewPipeline(client->get(), 0, 20);
   ASSERT_OK(resumed);
   ASSERT_OK(TrainOn(**resumed, 0, 20, 40));
   EXPECT_EQ(AllRows(client->get()), at_step_39);

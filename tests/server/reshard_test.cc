@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint_format.h"
 #include "server/checkpointer.h"
 #include "server/shard_metrics.h"
 #include "tests/server/requests.h"
@@ -360,6 +361,46 @@ TEST(ReshardTest, MixedOrIncompleteClusterCheckpointsAreRefusedNamingThePartAndC
                              "another shard count, pass every part"),
             std::string::npos)
       << s;
+}
+
+TEST(ReshardTest, ASharePastATablesCapacityIsRefusedInsteadOfEvicted) {
+  const std::string dir = FreshDir("reshard_capacity");
+  Cluster two(JoinPath(dir, "two"), 2);
+  two.CreateTablesAndWorker();
+  for (int64_t s = 0; s < 8; ++s) two.Push(s);  // ~1,500 rows per shard of each table
+  const std::vector<std::string> parts = two.Checkpoint("cut");
+  // The LRU table's capacity lowered to 2,000 rows per shard in the parts'
+  // manifests: one shard cannot hold what the two held.
+  const Contents rows = two.Rows();
+  const uint64_t lru_rows = rows.at("adagrad_lru_ttl").size();
+  ASSERT_GT(lru_rows, 2000u);
+  for (const std::string& part : parts) {
+    auto m = ReadManifest(FileSystem::Posix(), part);
+    ASSERT_OK(m);
+    for (auto& t : *m->mutable_tables()) {
+      if (t.config().name() == "adagrad_lru_ttl") t.mutable_config()->set_capacity(2000);
+    }
+    ASSERT_OK(WriteManifest(FileSystem::Posix(), part, *m));
+  }
+  auto cluster = OpenCheckpointParts(FileSystem::Posix(), parts);
+  ASSERT_OK(cluster);
+  ReshardOptions o;
+  o.shard_count = 1;
+  o.out_dir = JoinPath(dir, "one");
+  auto refused = Reshard(FileSystem::Posix(), *cluster, o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("table 'adagrad_lru_ttl': shard 0 of 1 would hold ", lru_rows,
+                             " rows, more than its capacity of 2000 per shard")),
+            std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(FileSystem::Posix()->IsDirectory(JoinPath(dir, "one/shard-0/cut")));
+  // Restored directly, the store would evict: refused, the shard unchanged.
+  Cluster one(JoinPath(dir, "restored"), 1);
+  absl::Status s = one.Restore(absl::StrJoin(parts, ","));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("table 'adagrad_lru_ttl': shard 0 of 1 owns"), std::string::npos) << s;
+  EXPECT_TRUE(one.Rows().empty());
 }
 
 TEST(ReshardTest, APartOfTheSameShardCountKeepsItsRoutingAndAReshardConvertsIt) {
