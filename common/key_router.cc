@@ -12,8 +12,8 @@ namespace {
 constexpr int kSlotBits = 16;
 static_assert(kMaxShards == uint32_t{1} << kSlotBits);
 
-// The slot tables, built once per shard count (65,536 jump hashes: ~3 ms)
-// and shared by every router of that count.
+// The slot tables, built once per shard count (65,536 jump hashes) and
+// shared by every router of that count.
 std::shared_ptr<const uint16_t[]> SlotTable(uint32_t shard_count) {
   static std::mutex mu;
   static auto* tables = new std::map<uint32_t, std::shared_ptr<const uint16_t[]>>();

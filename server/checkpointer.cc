@@ -489,11 +489,7 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
           // This shard's own part: its keys are placed by its routing.
           EMBER_ASSIGN_OR_RETURN(router, KeyRouter::Make(m.routing(), m.shard_count()));
           EMBER_ASSIGN_OR_RETURN(tables, LoadChain(fs_, ParentDir(path), chain, shard.device));
-          for (const v1::WorkerStep& w : m.workers()) {
-            workers[w.worker_id()] = SspClock::Progress{
-                w.applied_step(),
-                std::vector<int64_t>(w.done_ahead().begin(), w.done_ahead().end())};
-          }
+          workers = WorkersOf(m);
           step = m.step();
           checkpoints = chain.size();
           for (const v1::CheckpointManifest& c : chain) {

@@ -23,15 +23,6 @@ namespace {
 
 std::string ManifestOf(const std::string& part) { return JoinPath(part, kManifestFileName); }
 
-std::map<uint32_t, SspClock::Progress> WorkersOf(const v1::CheckpointManifest& m) {
-  std::map<uint32_t, SspClock::Progress> workers;
-  for (const v1::WorkerStep& w : m.workers()) {
-    workers[w.worker_id()] = SspClock::Progress{
-        w.applied_step(), std::vector<int64_t>(w.done_ahead().begin(), w.done_ahead().end())};
-  }
-  return workers;
-}
-
 // Where two parts' cuts differ, or "" if they are the same.
 std::string CutDifference(const v1::CheckpointManifest& a, const v1::CheckpointManifest& b) {
   if (a.step() != b.step()) return absl::StrCat("step ", b.step(), " against ", a.step());
@@ -80,6 +71,15 @@ void AppendRow(const ExportedRows& from, size_t i, size_t dim, size_t state_floa
 }
 
 }  // namespace
+
+std::map<uint32_t, SspClock::Progress> WorkersOf(const v1::CheckpointManifest& m) {
+  std::map<uint32_t, SspClock::Progress> workers;
+  for (const v1::WorkerStep& w : m.workers()) {
+    workers[w.worker_id()] = SspClock::Progress{
+        w.applied_step(), std::vector<int64_t>(w.done_ahead().begin(), w.done_ahead().end())};
+  }
+  return workers;
+}
 
 std::vector<std::string> SplitParts(const std::string& what) {
   return absl::StrSplit(what, ',', absl::SkipEmpty());
@@ -157,7 +157,6 @@ absl::StatusOr<CheckpointParts> OpenCheckpointParts(FileSystem* fs,
       EMBER_ASSIGN_OR_RETURN(auto files, FilesOf(c.chains[s], c.paths[s], t.name()));
       for (const auto& [path, entry] : files) {
         c.bytes += entry->file_bytes();
-        c.rows += entry->rows();
       }
     }
   }

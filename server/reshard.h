@@ -41,7 +41,6 @@ struct CheckpointParts {
   std::vector<v1::TableConfig> tables;
   // Data bytes of every file a reshard reads.
   uint64_t bytes = 0;
-  uint64_t rows = 0;  // rows in those files (a key rewritten by a delta counts twice)
 };
 
 // Reads the manifests of `parts` (checkpoint directories, any order) and
@@ -97,6 +96,9 @@ struct ReshardResult {
 // part of that id.
 absl::StatusOr<ReshardResult> Reshard(FileSystem* fs, const CheckpointParts& cluster,
                                       const ReshardOptions& options);
+
+// The clock a manifest records: each registered worker's progress.
+std::map<uint32_t, SspClock::Progress> WorkersOf(const v1::CheckpointManifest& m);
 
 // `--restore_from` values naming several parts: "PART0,PART1,...".
 std::vector<std::string> SplitParts(const std::string& what);
