@@ -142,6 +142,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ShardCha
           absl::StrCat(client->ShardName(i), ": expected routing '", infos[0].routing(),
                        "' (as shard 0), received '", info.routing(), "'"));
     }
+    if (info.routing_epoch() != infos[0].routing_epoch()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          client->ShardName(i), ": expected routing epoch ", infos[0].routing_epoch(),
+          " (as shard 0), received ", info.routing_epoch(),
+          " (shards restored from different reshards of a checkpoint, or a shard started apart "
+          "from its cluster)"));
+    }
   }
   absl::StatusOr<KeyRouter> router = KeyRouter::Make(infos[0].routing(), n);
   if (!router.ok()) {
@@ -150,6 +157,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ShardCha
                                                       router.status().message()));
   }
   client->router_ = *std::move(router);
+  client->routing_epoch_ = infos[0].routing_epoch();
+  client->channel_->SetRoutingEpoch(client->routing_epoch_);
   return client;
 }
 

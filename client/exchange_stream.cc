@@ -10,9 +10,9 @@
 namespace ember {
 
 ExchangeStream::ExchangeStream(grpc::GenericStub* stub, CallDriver* driver,
-                               absl::Duration exchange_timeout, const std::string& auth_token)
+                               absl::Duration exchange_timeout, const CallMetadata& metadata)
     : stub_(stub), driver_(driver) {
-  if (!auth_token.empty()) context_.AddMetadata("authorization", "Bearer " + auth_token);
+  metadata.AddTo(&context_);
   if (exchange_timeout < absl::InfiniteDuration()) {
     context_.AddMetadata(kExchangeTimeoutMetadata,
                          std::to_string(absl::ToInt64Milliseconds(exchange_timeout)));
@@ -109,15 +109,16 @@ ExchangeStream* ExchangeSession::Stream(uint32_t shard) {
   std::unique_ptr<ExchangeStream>& stream = streams_[shard];
   if (stream == nullptr || stream->finished()) {
     stream.reset();  // a finished stream has no operation left
-    stream = std::make_unique<ExchangeStream>((*stubs_)[shard].get(), &driver_,
-                                              exchange_timeout_, *auth_token_);
+    stream = std::make_unique<ExchangeStream>((*stubs_)[shard].get(), &driver_, exchange_timeout_,
+                                              *metadata_);
   }
   return stream.get();
 }
 
-ExchangeSessionPool::ExchangeSessionPool(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-                                         absl::Duration exchange_timeout, std::string auth_token)
-    : exchange_timeout_(exchange_timeout), auth_token_(std::move(auth_token)) {
+ExchangeSessionPool::ExchangeSessionPool(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels, absl::Duration exchange_timeout,
+    const CallMetadata* metadata)
+    : exchange_timeout_(exchange_timeout), metadata_(metadata) {
   for (const auto& channel : channels) stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
 }
 
@@ -130,7 +131,7 @@ std::unique_ptr<ExchangeSession> ExchangeSessionPool::Acquire() {
       return session;
     }
   }
-  return std::make_unique<ExchangeSession>(&stubs_, exchange_timeout_, &auth_token_);
+  return std::make_unique<ExchangeSession>(&stubs_, exchange_timeout_, metadata_);
 }
 
 void ExchangeSessionPool::Release(std::unique_ptr<ExchangeSession> session) {

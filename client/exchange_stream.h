@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "client/call_driver.h"
+#include "client/call_metadata.h"
 #include "ember/exchange_answer.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -40,10 +41,10 @@ class ExchangeStream {
  public:
   // `stub` and `driver` must outlive the stream. `exchange_timeout` goes to
   // the shard as the stream's ember-exchange-timeout-ms (each exchange's
-  // bound on the consistency wait), `auth_token` (if any) as its bearer
-  // token.
+  // bound on the consistency wait), with `metadata`'s token and routing
+  // epoch as they are when the stream opens.
   ExchangeStream(grpc::GenericStub* stub, CallDriver* driver, absl::Duration exchange_timeout,
-                 const std::string& auth_token);
+                 const CallMetadata& metadata);
   // Closes an open stream (the shard sees the end and answers OK), driving
   // `driver` until gRPC is done with it, and cancels it if that takes
   // longer than a second. No exchange may be in flight.
@@ -98,8 +99,10 @@ class ExchangeSession {
  public:
   // `stubs[i]` reaches shard i; they must outlive the session.
   ExchangeSession(const std::vector<std::unique_ptr<grpc::GenericStub>>* stubs,
-                  absl::Duration exchange_timeout, const std::string* auth_token)
-      : stubs_(stubs), exchange_timeout_(exchange_timeout), auth_token_(auth_token),
+                  absl::Duration exchange_timeout, const CallMetadata* metadata)
+      : stubs_(stubs),
+        exchange_timeout_(exchange_timeout),
+        metadata_(metadata),
         streams_(stubs->size()) {}
 
   CallDriver* driver() { return &driver_; }
@@ -109,7 +112,7 @@ class ExchangeSession {
  private:
   const std::vector<std::unique_ptr<grpc::GenericStub>>* const stubs_;
   const absl::Duration exchange_timeout_;
-  const std::string* const auth_token_;
+  const CallMetadata* const metadata_;
   CallDriver driver_;  // declared before the streams, which drive it as they close
   std::vector<std::unique_ptr<ExchangeStream>> streams_;
 };
@@ -118,9 +121,9 @@ class ExchangeSession {
 // when none is idle). Thread-safe.
 class ExchangeSessionPool {
  public:
-  // One channel per shard.
+  // One channel per shard; `metadata` must outlive the pool.
   ExchangeSessionPool(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-                      absl::Duration exchange_timeout, std::string auth_token);
+                      absl::Duration exchange_timeout, const CallMetadata* metadata);
 
   std::unique_ptr<ExchangeSession> Acquire();
   void Release(std::unique_ptr<ExchangeSession> session);
@@ -128,7 +131,7 @@ class ExchangeSessionPool {
  private:
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   const absl::Duration exchange_timeout_;
-  const std::string auth_token_;
+  const CallMetadata* const metadata_;
   std::mutex mu_;
   std::vector<std::unique_ptr<ExchangeSession>> idle_ ABSL_GUARDED_BY(mu_);
 };

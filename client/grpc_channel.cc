@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/call_driver.h"
+#include "client/call_metadata.h"
 #include "client/exchange_stream.h"
 #include "common/aliased_serialize.h"
 #include "common/status_macros.h"
@@ -37,7 +38,8 @@ auto Unary(const std::vector<std::unique_ptr<Stub>>& stubs,
 
 class GrpcChannel final : public ShardChannel {
  public:
-  explicit GrpcChannel(const ClientOptions& options) : options_(options) {}
+  explicit GrpcChannel(const ClientOptions& options)
+      : options_(options), metadata_(options.auth_token) {}
   absl::Status Open();
 
   uint32_t shard_count() const override { return static_cast<uint32_t>(embedding_.size()); }
@@ -45,6 +47,7 @@ class GrpcChannel final : public ShardChannel {
     return absl::StrCat("shard ", shard, " (", options_.shards[shard], ")");
   }
   bool in_process() const override { return false; }
+  void SetRoutingEpoch(uint64_t epoch) override { metadata_.set_routing_epoch(epoch); }
 
   absl::Status GetShardInfo(absl::Duration timeout, bool wait_for_ready,
                             std::vector<v1::GetShardInfoResponse>* responses) override {
@@ -102,11 +105,6 @@ class GrpcChannel final : public ShardChannel {
   }
 
  private:
-  void AddAuth(grpc::ClientContext* context) const {
-    if (!options_.auth_token.empty()) {
-      context->AddMetadata("authorization", "Bearer " + options_.auth_token);
-    }
-  }
   std::vector<bool> All() const { return std::vector<bool>(shard_count(), true); }
 
   // Sends requests[i] to every shard i with active[i], in parallel, each
@@ -126,6 +124,7 @@ class GrpcChannel final : public ShardChannel {
                           std::vector<ShardCall>* calls = nullptr, CallDriver* driver = nullptr);
 
   const ClientOptions options_;
+  CallMetadata metadata_;
   std::vector<std::unique_ptr<v1::EmbeddingService::Stub>> embedding_;
   std::vector<std::unique_ptr<v1::AdminService::Stub>> admin_;
   // Open exchange streams, one per shard in each session, and per shard
@@ -164,7 +163,7 @@ absl::Status GrpcChannel::CallShards(absl::string_view method, absl::Span<const 
       const uint32_t shard = pending[j];
       contexts[j] = std::make_unique<grpc::ClientContext>();
       contexts[j]->set_deadline(absl::ToChronoTime(deadline));
-      AddAuth(contexts[j].get());
+      metadata_.AddTo(contexts[j].get());
       (*responses)[shard].Clear();
       ++rpcs_;
       if (attempt > 0) ++retries_;
@@ -247,8 +246,7 @@ absl::Status GrpcChannel::Open() {
     embedding_.push_back(v1::EmbeddingService::NewStub(channels.back()));
     admin_.push_back(v1::AdminService::NewStub(channels.back()));
   }
-  sessions_ =
-      std::make_unique<ExchangeSessionPool>(channels, options_.rpc_timeout, options_.auth_token);
+  sessions_ = std::make_unique<ExchangeSessionPool>(channels, options_.rpc_timeout, &metadata_);
   unary_only_ = std::make_unique<std::atomic<bool>[]>(options_.shards.size());
   return absl::OkStatus();
 }

@@ -33,6 +33,12 @@ inline absl::Span<const uint64_t> KeysView(absl::string_view bytes,
 // the consistency clock, in decimal milliseconds (see the .proto).
 inline constexpr char kExchangeTimeoutMetadata[] = "ember-exchange-timeout-ms";
 
+// Metadata of every Lookup, Push and Exchange call (and ExchangeStream): the
+// routing epoch the client routes by, in decimal (GetShardInfoResponse.
+// routing_epoch). A shard at another epoch refuses the call with ABORTED;
+// without it the shard checks nothing.
+inline constexpr char kRoutingEpochMetadata[] = "ember-routing-epoch";
+
 // Packs keys into a wire `bytes` field.
 inline std::string PackKeys(absl::Span<const uint64_t> keys) {
   return std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);

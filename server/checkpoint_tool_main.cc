@@ -104,10 +104,12 @@ int Reshard(const std::vector<std::string>& parts) {
     return 1;
   }
   std::printf(
-      "resharded %u parts (%s, step %lld) into %u (%s): %llu rows, %llu bytes read, "
-      "%llu written in %.3f s (%.1f MB/s read)\n",
+      "resharded %u parts (%s, step %lld) into %u (%s): %llu rows (%llu moved to another shard "
+      "index: %.1f%%), %llu bytes read, %llu written in %.3f s (%.1f MB/s read)\n",
       cluster->shard_count, cluster->routing.c_str(), static_cast<long long>(cluster->step),
       options.shard_count, options.routing.c_str(), static_cast<unsigned long long>(result->rows),
+      static_cast<unsigned long long>(result->moved_rows),
+      100.0 * result->moved_rows / std::max<uint64_t>(result->rows, 1),
       static_cast<unsigned long long>(result->bytes_read),
       static_cast<unsigned long long>(result->bytes_written), result->seconds,
       result->bytes_read / 1e6 / std::max(result->seconds, 1e-9));

@@ -297,6 +297,7 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   manifest.set_shard_index(shard.shard_index);
   manifest.set_shard_count(shard.shard_count);
   manifest.set_routing(shard_->router().routing());
+  manifest.set_routing_epoch(shard_->routing_epoch());
   manifest.set_step(snap->step);
   for (const auto& [worker, progress] : snap->workers) {
     v1::WorkerStep* w = manifest.add_workers();
@@ -478,6 +479,8 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
       std::vector<RestoredTable> tables;
       std::map<uint32_t, SspClock::Progress> workers;
       KeyRouter router;
+      uint64_t epoch = 1;
+      uint64_t moved = 0;
       int64_t step = -1;
       size_t checkpoints = 1;
       uint64_t bytes = 0;
@@ -488,6 +491,7 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
         if (m.shard_index() == shard.shard_index && m.shard_count() == shard.shard_count) {
           // This shard's own part: its keys are placed by its routing.
           EMBER_ASSIGN_OR_RETURN(router, KeyRouter::Make(m.routing(), m.shard_count()));
+          epoch = RoutingEpochOf(m);
           EMBER_ASSIGN_OR_RETURN(tables, LoadChain(fs_, ParentDir(path), chain, shard.device));
           workers = WorkersOf(m);
           step = m.step();
@@ -510,8 +514,9 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
         EMBER_ASSIGN_OR_RETURN(CheckpointParts cluster, OpenCheckpointParts(fs_, parts));
         EMBER_ASSIGN_OR_RETURN(router, KeyRouter::Make(shard.routing, shard.shard_count));
         EMBER_ASSIGN_OR_RETURN(
-            tables, LoadOwnedTables(fs_, cluster, router, shard.shard_index, shard.device));
+            tables, LoadOwnedTables(fs_, cluster, router, shard.shard_index, shard.device, &moved));
         workers = cluster.workers;
+        epoch = cluster.routing_epoch + 1;  // as ember-checkpoint reshard writes it
         step = cluster.step;
         checkpoints = parts.size();
         bytes = cluster.bytes;
@@ -521,15 +526,17 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
             shard.shard_count, router.routing());
       }
       const size_t n = tables.size();
-      shard_->InstallRestored(std::move(tables), workers, router, path);
+      shard_->InstallRestored(std::move(tables), workers, router, epoch, path);
       if (metrics_ != nullptr) {
         metrics_->RecordRestore(absl::ToDoubleSeconds(absl::Now() - start), step,
                                 static_cast<uint32_t>(parts.empty() ? 1 : parts.size()), bytes,
-                                router.routing());
+                                moved, router.routing());
       }
       spdlog::info(
-          "restored {} tables and {} workers at step {} from {} ({} checkpoints) in {:.3f} s", n,
-          workers.size(), step, path, checkpoints, absl::ToDoubleSeconds(absl::Now() - start));
+          "restored {} tables and {} workers at step {} from {} ({} checkpoints, routing epoch {}, "
+          "{} rows moved from other shards' parts) in {:.3f} s",
+          n, workers.size(), step, path, checkpoints, epoch, moved,
+          absl::ToDoubleSeconds(absl::Now() - start));
       return absl::OkStatus();
     }();
     if (s.ok()) return path;

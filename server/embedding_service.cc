@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/aliased_serialize.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "server/grpc_status.h"
 #include "server/received_exchange.h"
@@ -89,6 +90,30 @@ absl::Duration StreamExchangeTimeout(const grpc::ServerContextBase* context) {
   return absl::Milliseconds(ms);
 }
 
+// The call's routing epoch (ember-routing-epoch): 0 when it sends none,
+// which the shard does not check.
+absl::StatusOr<uint64_t> CallRoutingEpoch(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find(kRoutingEpochMetadata);
+  if (it == metadata.end()) return 0;
+  const absl::string_view value(it->second.data(), it->second.size());
+  uint64_t epoch = 0;
+  if (!absl::SimpleAtoi(value, &epoch)) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata '", kRoutingEpochMetadata,
+                                                   "': expected a decimal number, received '",
+                                                   value, "'"));
+  }
+  return epoch;
+}
+
+// Refuses a call routed by another routing epoch than the shard's.
+absl::Status CheckCallRoutingEpoch(const Shard& shard, const grpc::ServerContextBase& context,
+                                   absl::string_view rpc) {
+  absl::StatusOr<uint64_t> epoch = CallRoutingEpoch(context);
+  if (!epoch.ok()) return epoch.status();
+  return shard.CheckRoutingEpoch(*epoch, rpc);
+}
+
 // A response of `pool` that nothing else holds (gRPC has sent its bytes),
 // cleared (its buffers keep their capacity), or a new one, added to the
 // pool while it has fewer than 4.
@@ -154,7 +179,10 @@ grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
     return ToGrpcStatus(denied);
   }
   EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Lookup");
-  return Measured(ShardMetrics::Rpc::kLookup, [&] { return shard_->Lookup(*request, response, Deadline(context)); });
+  return Measured(ShardMetrics::Rpc::kLookup, [&] {
+    EMBER_RETURN_IF_ERROR(CheckCallRoutingEpoch(*shard_, *context, "Lookup"));
+    return shard_->Lookup(*request, response, Deadline(context));
+  });
 }
 
 grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
@@ -163,7 +191,10 @@ grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Push");
   EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Push");
-  return Measured(ShardMetrics::Rpc::kPush, [&] { return shard_->Push(*request, response); });
+  return Measured(ShardMetrics::Rpc::kPush, [&] {
+    EMBER_RETURN_IF_ERROR(CheckCallRoutingEpoch(*shard_, *context, "Push"));
+    return shard_->Push(*request, response);
+  });
 }
 
 grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
@@ -172,8 +203,10 @@ grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
   if (Expired(context)) return kExpired;
   EMBER_AUTHORIZE_SYNC(*context, "Exchange");
   EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Exchange");
-  return Measured(ShardMetrics::Rpc::kExchange,
-                  [&] { return shard_->Exchange(*request, response, Deadline(context)); });
+  return Measured(ShardMetrics::Rpc::kExchange, [&] {
+    EMBER_RETURN_IF_ERROR(CheckCallRoutingEpoch(*shard_, *context, "Exchange"));
+    return shard_->Exchange(*request, response, Deadline(context));
+  });
 }
 
 EmbeddingServiceImpl::EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics,
@@ -221,9 +254,14 @@ grpc::Status EmbeddingServiceImpl::ExchangeStreamRaw(
 struct ServedExchanges::State {
   State(const EmbeddingServiceImpl& service, const grpc::ServerContextBase* context,
         const char* rpc)
-      : shard(service.shard_), metrics(service.metrics_), auth(service.auth_),
-        inflight(service.inflight_), context(context), rpc(rpc),
-        timeout(StreamExchangeTimeout(context)) {}
+      : shard(service.shard_),
+        metrics(service.metrics_),
+        auth(service.auth_),
+        inflight(service.inflight_),
+        context(context),
+        rpc(rpc),
+        timeout(StreamExchangeTimeout(context)),
+        epoch(CallRoutingEpoch(*context)) {}
   Shard* shard;
   ShardMetrics* metrics;
   const TokenAuth* auth;
@@ -231,6 +269,7 @@ struct ServedExchanges::State {
   const grpc::ServerContextBase* context;
   const char* rpc;
   const absl::Duration timeout;
+  const absl::StatusOr<uint64_t> epoch;  // the call's routing epoch
   std::optional<OpenStream> open;  // streams only
   ReceivedExchange received;
   std::vector<std::shared_ptr<v1::ExchangeResponse>> responses;
@@ -280,6 +319,10 @@ grpc::Status ServedExchanges::Push() {
   st.ticket = *std::move(ticket);
   st.start = absl::Now();
   st.response = FreeResponse(&st.responses);
+  // The stream's epoch is read once; the shard's is compared per message.
+  absl::Status routed =
+      st.epoch.ok() ? st.shard->CheckRoutingEpoch(*st.epoch, st.rpc) : st.epoch.status();
+  if (!routed.ok()) return st.Record(routed);
   const absl::Status pushed = st.shard->ExchangePush(st.received.message(), st.response.get(),
                                                      st.received.gradient_pieces());
   return pushed.ok() ? grpc::Status::OK : st.Record(pushed);

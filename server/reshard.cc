@@ -81,6 +81,10 @@ std::map<uint32_t, SspClock::Progress> WorkersOf(const v1::CheckpointManifest& m
   return workers;
 }
 
+uint64_t RoutingEpochOf(const v1::CheckpointManifest& m) {
+  return std::max<uint64_t>(m.routing_epoch(), 1);
+}
+
 std::vector<std::string> SplitParts(const std::string& what) {
   return absl::StrSplit(what, ',', absl::SkipEmpty());
 }
@@ -97,15 +101,18 @@ absl::StatusOr<CheckpointParts> OpenCheckpointParts(FileSystem* fs,
     if (i == 0) {
       c.shard_count = m.shard_count();
       c.routing = m.routing();
+      c.routing_epoch = RoutingEpochOf(m);
       c.paths.resize(c.shard_count);
       c.chains.resize(c.shard_count);
     }
     const std::string where = ManifestOf(parts[i]);
-    if (m.shard_count() != c.shard_count || m.routing() != c.routing) {
+    if (m.shard_count() != c.shard_count || m.routing() != c.routing ||
+        RoutingEpochOf(m) != c.routing_epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cluster checkpoint: part '", where, "' is shard ", m.shard_index(), " of ",
-          m.shard_count(), " routed by '", m.routing(), "', part '", ManifestOf(parts[0]), "' of ",
-          c.shard_count, " routed by '", c.routing, "': parts of different clusters"));
+          m.shard_count(), " routed by '", m.routing(), "' at routing epoch ", RoutingEpochOf(m),
+          ", part '", ManifestOf(parts[0]), "' of ", c.shard_count, " routed by '", c.routing,
+          "' at routing epoch ", c.routing_epoch, ": parts of different clusters"));
     }
     if (!c.paths[m.shard_index()].empty()) {
       return absl::FailedPreconditionError(
@@ -165,7 +172,7 @@ absl::StatusOr<CheckpointParts> OpenCheckpointParts(FileSystem* fs,
 
 absl::Status StreamRoutedRows(FileSystem* fs, const CheckpointParts& cluster, size_t table,
                               const KeyRouter& to, const std::function<bool(uint32_t)>& wanted,
-                              const RoutedSink& sink, size_t batch_rows) {
+                              const RoutedSink& sink, uint64_t* moved, size_t batch_rows) {
   const std::string& name = cluster.tables[table].name();
   EMBER_ASSIGN_OR_RETURN(TableConfig config, TableConfigFromProto(cluster.tables[table]));
   const size_t dim = config.dim;
@@ -198,6 +205,7 @@ absl::Status StreamRoutedRows(FileSystem* fs, const CheckpointParts& cluster, si
           if (older_follow) newer.insert(key);
           const uint32_t s = to.ShardOf(key);
           if (!wanted(s)) continue;
+          if (moved != nullptr && s != p) ++*moved;
           AppendRow(rows, i, dim, state_floats, &out[s].rows);
           if (out[s].rows.keys.size() >= batch_rows) EMBER_RETURN_IF_ERROR(flush(s));
         }
@@ -209,11 +217,9 @@ absl::Status StreamRoutedRows(FileSystem* fs, const CheckpointParts& cluster, si
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<RestoredTable>> LoadOwnedTables(FileSystem* fs,
-                                                           const CheckpointParts& cluster,
-                                                           const KeyRouter& to,
-                                                           uint32_t shard_index,
-                                                           const StoreDevice& device) {
+absl::StatusOr<std::vector<RestoredTable>> LoadOwnedTables(
+    FileSystem* fs, const CheckpointParts& cluster, const KeyRouter& to, uint32_t shard_index,
+    const StoreDevice& device, uint64_t* moved) {
   std::vector<RestoredTable> out;
   for (size_t t = 0; t < cluster.tables.size(); ++t) {
     EMBER_ASSIGN_OR_RETURN(TableConfig config, TableConfigFromProto(cluster.tables[t]));
@@ -230,7 +236,8 @@ absl::StatusOr<std::vector<RestoredTable>> LoadOwnedTables(FileSystem* fs,
           }
           imported += rows.rows.keys.size();
           return absl::OkStatus();
-        }));
+        },
+        moved));
     // A table with eviction makes room by evicting: a share larger than its
     // capacity would lose rows silently.
     if (const uint64_t kept = store->Stats().rows; kept < imported) {
@@ -291,6 +298,7 @@ absl::StatusOr<ReshardResult> Reshard(FileSystem* fs, const CheckpointParts& clu
     m.set_shard_index(s);
     m.set_shard_count(n);
     m.set_routing(to.routing());
+    m.set_routing_epoch(cluster.routing_epoch + 1);
     m.set_step(cluster.step);
     *m.mutable_workers() = cluster.chains[0].back().workers();
     m.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
@@ -307,7 +315,8 @@ absl::StatusOr<ReshardResult> Reshard(FileSystem* fs, const CheckpointParts& clu
     }
     EMBER_RETURN_IF_ERROR(StreamRoutedRows(
         fs, cluster, t, to, [](uint32_t) { return true; },
-        [&](uint32_t s, const SnapshotBatch& rows) { return writers[s]->Append(rows); }));
+        [&](uint32_t s, const SnapshotBatch& rows) { return writers[s]->Append(rows); },
+        &result.moved_rows));
     for (uint32_t s = 0; s < n; ++s) {
       v1::CheckpointTable* entry = manifests[s].add_tables();
       *entry->mutable_config() = proto;

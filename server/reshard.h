@@ -31,6 +31,7 @@ namespace ember {
 struct CheckpointParts {
   uint32_t shard_count = 0;                                 // of the cluster that wrote it
   std::string routing;                                      // its routing
+  uint64_t routing_epoch = 1;                               // its routing epoch
   std::vector<std::string> paths;                           // by shard index
   std::vector<std::vector<v1::CheckpointManifest>> chains;  // by shard index, base first
   // The cut, the same in every part.
@@ -57,19 +58,21 @@ absl::StatusOr<CheckpointParts> OpenCheckpointParts(FileSystem* fs,
 // shard = to.ShardOf(key), in batches of at most `batch_rows`; shards for
 // which `wanted(shard)` is false are skipped. Each data file is verified as
 // a restore verifies it (sizes, counts, CRC32C): DATA_LOSS naming it.
+// `moved`, if given, is increased by the rows sent that change shard index
+// (from part p to a shard other than p): the keys a reshard moves.
 using RoutedSink = std::function<absl::Status(uint32_t shard, const SnapshotBatch& rows)>;
 absl::Status StreamRoutedRows(FileSystem* fs, const CheckpointParts& cluster, size_t table,
                               const KeyRouter& to, const std::function<bool(uint32_t)>& wanted,
-                              const RoutedSink& sink, size_t batch_rows = 4096);
+                              const RoutedSink& sink, uint64_t* moved = nullptr,
+                              size_t batch_rows = 4096);
 
 // The tables shard `shard_index` owns under `to`, from every part of the
 // cluster checkpoint, in fresh stores on `device` (a restore that
-// reshards: ember-server --restore_from=PART0,PART1,...).
-absl::StatusOr<std::vector<RestoredTable>> LoadOwnedTables(FileSystem* fs,
-                                                           const CheckpointParts& cluster,
-                                                           const KeyRouter& to,
-                                                           uint32_t shard_index,
-                                                           const StoreDevice& device);
+// reshards: ember-server --restore_from=PART0,PART1,...). `moved`, if
+// given, gets the rows taken from other shard indexes' parts.
+absl::StatusOr<std::vector<RestoredTable>> LoadOwnedTables(
+    FileSystem* fs, const CheckpointParts& cluster, const KeyRouter& to, uint32_t shard_index,
+    const StoreDevice& device, uint64_t* moved = nullptr);
 
 struct ReshardOptions {
   uint32_t shard_count = 0;  // N, the new shard count
@@ -87,18 +90,23 @@ struct ReshardResult {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t rows = 0;  // rows written (every key once)
+  uint64_t moved_rows = 0;  // of them, rows now on another shard index than before
   double seconds = 0;
 };
 // Writes the cluster checkpoint as N full checkpoint parts (each written to
 // a temporary directory and renamed into place, as a shard writes one):
 // every row, optimizer state, eviction score and TTL stamp as stored, the
-// same cut and clock in every part. Refuses an out_dir that already holds a
-// part of that id.
+// same cut and clock in every part, and the next routing epoch
+// (cluster.routing_epoch + 1: clients of the old routing are refused). Refuses an out_dir that
+// already holds a part of that id.
 absl::StatusOr<ReshardResult> Reshard(FileSystem* fs, const CheckpointParts& cluster,
                                       const ReshardOptions& options);
 
 // The clock a manifest records: each registered worker's progress.
 std::map<uint32_t, SspClock::Progress> WorkersOf(const v1::CheckpointManifest& m);
+
+// The routing epoch a manifest records (1 for manifests older than epochs).
+uint64_t RoutingEpochOf(const v1::CheckpointManifest& m);
 
 // `--restore_from` values naming several parts: "PART0,PART1,...".
 std::vector<std::string> SplitParts(const std::string& what);

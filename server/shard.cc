@@ -118,6 +118,7 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   r->set_shard_index(options_.shard_index);
   r->set_shard_count(options_.shard_count);
   r->set_routing(router_.routing());
+  r->set_routing_epoch(routing_epoch_);
   r->set_max_keys_per_request(options_.max_keys_per_request);
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_version(EMBER_VERSION);
@@ -131,6 +132,17 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   }
   ReaderLock lock(&mu_);
   r->set_restored_from(restored_from_);
+}
+
+absl::Status Shard::CheckRoutingEpoch(uint64_t epoch, absl::string_view rpc) const {
+  if (epoch == 0 || epoch == routing_epoch_) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      rpc, ": routed by routing epoch ", epoch, ", but shard ", options_.shard_index, " of ",
+      options_.shard_count, " is at routing epoch ", routing_epoch_, " (routing '",
+      router_.routing(),
+      "'): the cluster was resharded since the client connected (or this shard "
+      "was restored apart from its cluster). Nothing was read or applied; connect again to route "
+      "by the cluster's shard count and routing"));
 }
 
 absl::Status Shard::CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const {

@@ -108,6 +108,15 @@ class Shard {
   // The routing this shard checks keys against (changed only by
   // InstallRestored).
   const KeyRouter& router() const { return router_; }
+  // The routing epoch (GetShardInfoResponse.routing_epoch): 1 for a shard
+  // that starts empty, the checkpoint's for one restored (changed only by
+  // InstallRestored).
+  uint64_t routing_epoch() const { return routing_epoch_; }
+  // ABORTED, naming both epochs and what to do, when `epoch` (a call's
+  // ember-routing-epoch; 0: not sent, not checked) is not this shard's:
+  // the call was routed by another shard count or routing and must not be
+  // served. `rpc` names the call.
+  absl::Status CheckRoutingEpoch(uint64_t epoch, absl::string_view rpc) const;
 
   // Creates a table; see AdminService.CreateTable for the semantics.
   absl::Status CreateTable(const v1::TableConfig& config, v1::CreateTableResponse* response);
@@ -169,13 +178,13 @@ class Shard {
   // call it directly. Returns the rows evicted.
   uint64_t ExpireRows(absl::Duration since_start);
 
-  // Replaces every table, the consistency clock and the routing with
-  // restored ones (`router`: the restored keys' routing, of this shard's
-  // count). Only before serving: requests running meanwhile may see either
-  // state. `source` names the checkpoint (GetShardInfo.restored_from).
+  // Replaces every table, the consistency clock, the routing and its epoch
+  // with restored ones (`router`: the restored keys' routing, of this
+  // shard's count). Only before serving: requests running meanwhile may see
+  // either state. `source` names the checkpoint (GetShardInfo.restored_from).
   void InstallRestored(std::vector<RestoredTable> tables,
                        const std::map<uint32_t, SspClock::Progress>& workers,
-                       const KeyRouter& router, const std::string& source);
+                       const KeyRouter& router, uint64_t routing_epoch, const std::string& source);
 
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);
@@ -275,6 +284,7 @@ class Shard {
 
   const ShardOptions options_;
   KeyRouter router_;  // written before serving only (InstallRestored)
+  uint64_t routing_epoch_ = 1;  // the same
   const absl::Time start_time_ = absl::Now();
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);

@@ -42,6 +42,7 @@ void WatchShardGauges(const Shard* shard, ShardMetrics* metrics) {
       metrics->worker_lag.With({absl::StrCat(id)}).Set(static_cast<double>(fastest - step));
     }
     metrics->registered_workers.Set(static_cast<double>(applied.size()));
+    metrics->routing_epoch.Set(static_cast<double>(shard->routing_epoch()));
   });
 }
 

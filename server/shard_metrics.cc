@@ -40,6 +40,10 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       registered_workers(r->AddGauge("ember_ssp_registered_workers",
                                      "Workers registered in the consistency clock.")
                              .With({})),
+      routing_epoch(r->AddGauge("ember_routing_epoch",
+                                "The routing epoch this shard serves (1 + the reshards of its "
+                                "checkpoint; calls routed by another are refused).")
+                        .With({})),
       exchange_streams_opened(r->AddCounter("ember_exchange_streams_opened_total",
                                             "ExchangeStream calls opened by trainers.")
                                   .With({})),
@@ -116,6 +120,10 @@ ShardMetrics::ShardMetrics(metrics::Registry* r)
       restore_bytes_(r->AddGauge("ember_restore_bytes",
                                  "Data bytes of the checkpoint files the start-up restore read.")
                          .With({})),
+      restore_moved_rows_(r->AddGauge("ember_restore_moved_rows",
+                                      "Rows a resharded start-up restore took from other shard "
+                                      "indexes' parts: the keys the reshard moved here.")
+                              .With({})),
       restore_routing_(r->AddGauge("ember_restore_routing_info",
                                    "1 for the routing a restored shard serves by (the "
                                    "checkpoint's, or the shard's when it resharded).",
@@ -136,7 +144,8 @@ void ShardMetrics::RecordCheckpointSuccess(double unix_seconds, uint64_t bytes, 
 }
 
 void ShardMetrics::RecordRestore(double seconds, int64_t step, uint32_t parts, uint64_t bytes,
-                                 absl::string_view routing) {
+                                 uint64_t moved_rows, absl::string_view routing) {
+  restore_moved_rows_.Set(static_cast<double>(moved_rows));
   restore_seconds_.Set(seconds);
   restore_step_.Set(static_cast<double>(step));
   restore_parts_.Set(parts);

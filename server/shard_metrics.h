@@ -66,6 +66,7 @@ class ShardMetrics {
   metrics::Family<metrics::Counter>& table_admission_dropped;
   metrics::Family<metrics::Gauge>& worker_lag;
   metrics::Gauge& registered_workers;
+  metrics::Gauge& routing_epoch;
   // ExchangeStream: streams opened since start, and open now.
   metrics::Counter& exchange_streams_opened;
   metrics::Gauge& exchange_streams_open;
@@ -79,9 +80,10 @@ class ShardMetrics {
                                double cut_wait, double copy, double write);
   // A start-up restore: its time, cut step, the checkpoint parts it read
   // (1, or every part of a cluster checkpoint it resharded), their data
-  // bytes, and the routing the shard serves by since.
+  // bytes, the rows it took from other shard indexes' parts (a reshard's
+  // moved keys), and the routing the shard serves by since.
   void RecordRestore(double seconds, int64_t step, uint32_t parts, uint64_t bytes,
-                     absl::string_view routing);
+                     uint64_t moved_rows, absl::string_view routing);
 
  private:
   metrics::Registry* registry_;
@@ -104,6 +106,7 @@ class ShardMetrics {
   metrics::Gauge& restore_step_;
   metrics::Gauge& restore_parts_;
   metrics::Gauge& restore_bytes_;
+  metrics::Gauge& restore_moved_rows_;
   metrics::Family<metrics::Gauge>& restore_routing_;
   std::atomic<metrics::Counter*> call_cache_[kRpcs][kCodes] = {};
   std::atomic<metrics::Histogram*> seconds_cache_[kRpcs] = {};

@@ -89,7 +89,8 @@ uint64_t Shard::ExpireRows(absl::Duration since_start) {
 
 void Shard::InstallRestored(std::vector<RestoredTable> restored,
                             const std::map<uint32_t, SspClock::Progress>& workers,
-                            const KeyRouter& router, const std::string& source) {
+                            const KeyRouter& router, uint64_t routing_epoch,
+                            const std::string& source) {
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables;
   for (RestoredTable& r : restored) {
     auto table = std::make_shared<Table>(Table{std::move(r.config), std::move(r.store)});
@@ -102,6 +103,7 @@ void Shard::InstallRestored(std::vector<RestoredTable> restored,
     restored_from_ = source;
   }
   router_ = router;
+  routing_epoch_ = routing_epoch;
   written_.ForgetAll();  // every row may differ from what a trainer peeked
   for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
   for (const auto& [id, progress] : workers) clock_.Restore(id, progress);

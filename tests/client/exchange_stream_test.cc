@@ -69,7 +69,7 @@ grpc::Status SendRaw(const std::string& address, grpc::ByteBuffer bytes) {
   CallDriver driver;  // before the stream, which drives it as it closes
   ExchangeAnswer response;
   std::optional<grpc::Status> ended;
-  ExchangeStream stream(&stub, &driver, absl::Seconds(10), "");
+  ExchangeStream stream(&stub, &driver, absl::Seconds(10), CallMetadata(""));
   stream.Send(std::move(bytes), &response, [&](grpc::Status s) { ended = std::move(s); });
   return AwaitExchange(&driver, &stream, &ended);
 }
@@ -310,7 +310,7 @@ TEST(ExchangeStreamPeerTest, AnAnswerThatIsNotAResponseFailsTheExchangeWithInter
   CallDriver driver;
   ExchangeAnswer response;
   std::optional<grpc::Status> ended;
-  ExchangeStream stream(&stub, &driver, absl::Seconds(10), "");
+  ExchangeStream stream(&stub, &driver, absl::Seconds(10), CallMetadata(""));
   stream.Send(SerializeCopied(request), &response, [&](grpc::Status s) { ended = std::move(s); });
   const grpc::Status s = AwaitExchange(&driver, &stream, &ended);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();

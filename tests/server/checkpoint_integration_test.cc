@@ -323,6 +323,86 @@ TEST(CheckpointIntegrationTest,
   EXPECT_EQ(AllRows(client_direct->get()), at_checkpoint);
 }
 
+TEST(CheckpointIntegrationTest,
+     ClientRoutingByTheEpochBeforeAReshardIsRefusedUntilItConnectsAgain) {
+  const std::string config = "--table_config_file=" + TableConfigFile();
+  const std::vector<std::string> dirs = {FreshDir("epoch_shard0"), FreshDir("epoch_shard1")};
+  const std::string out = FreshDir("epoch_out");
+  absl::StatusOr<Cluster> cluster = StartWithCheckpointDirs(2, dirs, {config});
+  ASSERT_OK(cluster);
+  auto client = Connect(*cluster, /*retry_budget=*/absl::Seconds(5));
+  ASSERT_OK(client);
+  EXPECT_EQ((*client)->routing_epoch(), 1u);
+  auto pipe = NewPipeline(client->get(), 0, 0);
+  ASSERT_OK(pipe);
+  ASSERT_OK(TrainOn(**pipe, 0, 0, 20));
+  absl::StatusOr<ClusterCheckpoint> taken = (*client)->Checkpoint();
+  ASSERT_OK(taken);
+  const std::map<std::string, std::vector<float>> at_checkpoint = AllRows(client->get());
+  std::vector<std::string> parts;
+  for (const auto& r : taken->shards) parts.push_back(r.path());
+  // Resharded to the same count (and routing): the new parts are the next
+  // epoch all the same.
+  std::string log;
+  ASSERT_EQ(
+      RunCommand({EMBER_CHECKPOINT_BIN, "reshard", "--to=2", "--out=" + out, parts[0], parts[1]},
+                 "", &log),
+      0)
+      << log;
+  // The cluster restarted on the same addresses from the new parts, while
+  // the old client and its pipeline still run.
+  std::vector<int> ports;
+  std::vector<std::unique_ptr<ServerProcess>> restarted;
+  for (int i = 0; i < 2; ++i) {
+    ports.push_back((*cluster)[i]->port());
+    ASSERT_OK((*cluster)[i]->Stop(SIGKILL, absl::Seconds(10)));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto shard = ServerProcess::Start(
+        {absl::StrCat("--shard_index=", i), "--shard_count=2", "--worker_threads=2", config,
+         absl::StrCat("--port=", ports[i]),
+         "--checkpoint_dir=" + JoinPath(out, absl::StrCat("shard-", i)), "--restore_from=latest"});
+    ASSERT_OK(shard);
+    restarted.push_back(*std::move(shard));
+  }
+  // Every call of the old client is refused, saying why, and changes nothing.
+  const std::string table = kTables[0].name();
+  absl::StatusOr<std::vector<float>> rows = (*client)->LookupRows(table, {KeyOf(0, 0, 1)});
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kAborted) << rows.status();
+  EXPECT_NE(rows.status().message().find("routed by routing epoch 1, but shard"), std::string::npos)
+      << rows.status();
+  EXPECT_NE(rows.status().message().find("is at routing epoch 2"), std::string::npos)
+      << rows.status();
+  absl::Status trained = TrainOn(**pipe, 0, 20, 25);
+  EXPECT_EQ(trained.code(), absl::StatusCode::kAborted) << trained;
+  std::fprintf(stderr, "the old trainer was told: %s\n", trained.ToString().c_str());
+  pipe->reset();
+  client->reset();
+  // Connected again: the new epoch, the rows of the checkpoint.
+  Cluster again;
+  for (auto& s : restarted) again.push_back(std::move(s));
+  auto fresh = Connect(again);
+  ASSERT_OK(fresh);
+  EXPECT_EQ((*fresh)->routing_epoch(), 2u);
+  EXPECT_EQ(AllRows(fresh->get()), at_checkpoint);
+  auto infos = (*fresh)->ShardInfos();
+  ASSERT_OK(infos);
+  for (const auto& info : *infos) EXPECT_EQ(info.routing_epoch(), 2u);
+
+  // A shard started empty beside them is at epoch 1: a client refuses the
+  // mixed cluster at Connect.
+  ASSERT_OK(again[1]->Stop(SIGKILL, absl::Seconds(10)));
+  auto empty = ServerProcess::Start({"--shard_index=1", "--shard_count=2", "--worker_threads=2",
+                                     config, absl::StrCat("--port=", ports[1])});
+  ASSERT_OK(empty);
+  again[1] = *std::move(empty);
+  auto mixed = Connect(again);
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition) << mixed.status();
+  EXPECT_NE(mixed.status().message().find("expected routing epoch 2 (as shard 0), received 1"),
+            std::string::npos)
+      << mixed.status();
+}
+
 TEST(CheckpointIntegrationTest, LostShardReplacedFromTheClusterCheckpointReportsTheLostSteps) {
   const std::string config = "--table_config_file=" + TableConfigFile();
   const std::vector<std::string> dirs = {FreshDir("lost_shard0"), FreshDir("lost_shard1")};

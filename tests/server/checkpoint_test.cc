@@ -911,6 +911,7 @@ TEST_F(CheckpointTest, CheckpointsAndTheRestoreAreCountedInTheShardMetrics) {
   const std::string restored = registry.Expose();
   for (const std::string& line :
        {std::string("ember_restore_step 3"), std::string("ember_restore_parts 1"),
+        std::string("ember_restore_moved_rows 0"),
         std::string("ember_restore_routing_info{routing=\"splitmix64-jump65536\"} 1")}) {
     EXPECT_NE(restored.find(line + "\n"), std::string::npos) << line << " not in:\n" << restored;
   }

@@ -279,6 +279,7 @@ TEST(InProcessMetricsTest, TrainerWithInProcessShardsServesBothOnOnePortAndPasse
     rows += Sample(m, "ember_table_rows{" + shard + ",table=\"clicks\",device=\"cpu\"}");
     exchanges += Sample(m, "ember_rpc_requests_total{" + shard + ",rpc=\"Exchange\",code=\"OK\"}");
     EXPECT_EQ(Sample(m, "ember_ssp_registered_workers{" + shard + "}"), 1) << m;
+    EXPECT_EQ(Sample(m, "ember_routing_epoch{" + shard + "}"), 1) << m;
   }
   EXPECT_EQ(rows, 3) << "keys 5, 6 and 7";
   EXPECT_GT(exchanges, 0);

@@ -302,11 +302,26 @@ TEST(ReshardTest, TrainingAfterAReshardedRestoreEqualsTrainingThatNeverResharded
     Checkpointer loader(&shard, CheckpointerOptions{}, FileSystem::Posix(), &metrics);
     ASSERT_OK(loader.Restore(absl::StrJoin(parts, ",")).status());
     const std::string text = registry.Expose();
+    // Jump routing moves keys from 2 to 3 shards onto the new shard only:
+    // shard 1 took none from shard 0's part.
     for (const std::string& line :
          {std::string("ember_restore_parts 2"), std::string("ember_restore_step 5"),
+          std::string("ember_restore_moved_rows 0"),
           std::string("ember_restore_routing_info{routing=\"splitmix64-jump65536\"} 1")}) {
       EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << " not in:\n" << text;
     }
+    // The new shard 2 took every row it holds from the others' parts.
+    metrics::Registry registry2;
+    ShardMetrics metrics2(&registry2);
+    o.shard_index = 2;
+    Shard shard2(o);
+    Checkpointer loader2(&shard2, CheckpointerOptions{}, FileSystem::Posix(), &metrics2);
+    ASSERT_OK(loader2.Restore(absl::StrJoin(parts, ",")).status());
+    uint64_t rows = 0;
+    for (const Shard::TableStats& t : shard2.AllTableStats()) rows += t.stats.rows;
+    ASSERT_GT(rows, 0u);
+    const std::string line = absl::StrCat("ember_restore_moved_rows ", rows, "\n");
+    EXPECT_NE(registry2.Expose().find(line), std::string::npos) << line << registry2.Expose();
   }
   v1::GetShardInfoResponse info;
   three.shard(2).GetShardInfo(&info);
@@ -425,6 +440,70 @@ TEST(ReshardTest, APartOfTheSameShardCountKeepsItsRoutingAndAReshardConvertsIt) 
   std::vector<v1::CheckpointManifest> m;
   EXPECT_EQ(PartRows(converted, &m), old.Rows());
   EXPECT_EQ(m[0].routing(), kRoutingJump);
+}
+
+TEST(ReshardTest, EveryReshardIsTheNextRoutingEpochAndARestoreOfItsOwnPartKeepsIt) {
+  const std::string dir = FreshDir("reshard_epoch");
+  Cluster two(JoinPath(dir, "two"), 2);
+  two.CreateTablesAndWorker();
+  two.Push(0);
+  EXPECT_EQ(two.shard(0).routing_epoch(), 1u);  // a cluster that started empty
+  const std::vector<std::string> parts = two.Checkpoint("cut");
+  std::vector<v1::CheckpointManifest> m;
+  PartRows(parts, &m);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].routing_epoch(), 1u);
+  // The tool's parts are epoch 2, and a second reshard of them epoch 3.
+  const std::vector<std::string> three = Resharded(parts, 3, JoinPath(dir, "three"));
+  m.clear();
+  PartRows(three, &m);
+  for (const auto& manifest : m) EXPECT_EQ(manifest.routing_epoch(), 2u);
+  const std::vector<std::string> back = Resharded(three, 2, JoinPath(dir, "back"));
+  m.clear();
+  PartRows(back, &m);
+  for (const auto& manifest : m) EXPECT_EQ(manifest.routing_epoch(), 3u);
+  // Restoring its own part keeps the part's epoch; restoring every part
+  // (a reshard) takes the next one, as the tool does; a checkpoint of it
+  // records it.
+  Cluster own(JoinPath(dir, "own"), 3);
+  ASSERT_OK(own.RestoreEach(three));
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(own.shard(i).routing_epoch(), 2u);
+    v1::GetShardInfoResponse info;
+    own.shard(i).GetShardInfo(&info);
+    EXPECT_EQ(info.routing_epoch(), 2u);
+  }
+  Cluster direct(JoinPath(dir, "direct"), 3);
+  ASSERT_OK(direct.Restore(absl::StrJoin(parts, ",")));
+  EXPECT_EQ(direct.shard(2).routing_epoch(), 2u);
+  m.clear();
+  PartRows(direct.Checkpoint("again"), &m);
+  for (const auto& manifest : m) EXPECT_EQ(manifest.routing_epoch(), 2u);
+  // Parts of two epochs are not one cluster checkpoint.
+  auto mixed = OpenCheckpointParts(FileSystem::Posix(), {back[0], parts[1]});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(mixed.status().message().find("at routing epoch 1, part '"), std::string::npos)
+      << mixed.status();
+  EXPECT_NE(mixed.status().message().find("at routing epoch 3: parts of different clusters"),
+            std::string::npos)
+      << mixed.status();
+}
+
+TEST(ReshardTest, ACallOfAnotherRoutingEpochIsRefusedNamingBothAndNoEpochIsNotChecked) {
+  ShardOptions o;
+  o.shard_index = 1;
+  o.shard_count = 2;
+  Shard shard(o);
+  EXPECT_OK(shard.CheckRoutingEpoch(0, "Lookup"));
+  EXPECT_OK(shard.CheckRoutingEpoch(1, "Lookup"));
+  absl::Status s = shard.CheckRoutingEpoch(4, "Push");
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(s.message().find("Push: routed by routing epoch 4, but shard 1 of 2 is at routing "
+                             "epoch 1 (routing '" +
+                             std::string(kDefaultRouting) + "')"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("Nothing was read or applied; connect again"), std::string::npos) << s;
 }
 
 }  // namespace

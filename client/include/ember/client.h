@@ -149,6 +149,11 @@ class Client {
   const ClientOptions& options() const;
   // The shard that owns `key`.
   uint32_t ShardOf(uint64_t key) const;
+  // The cluster's routing epoch as the shards reported it at Connect (all
+  // the same); every Lookup, Push and Exchange carries it, and a shard
+  // resharded since refuses them with ABORTED: connect again to route by
+  // its new shard count and routing. 0 for shards older than epochs.
+  uint64_t routing_epoch() const { return routing_epoch_; }
   // "shard 1 (127.0.0.1:5001)", "shard 1 (in-process)", for messages.
   std::string ShardName(uint32_t shard) const;
   // Whether the shards run in this process.
@@ -220,6 +225,7 @@ class Client {
   const ClientOptions options_;
   const std::unique_ptr<ShardChannel> channel_;
   KeyRouter router_;  // the shards' routing, set by Connect
+  uint64_t routing_epoch_ = 0;  // set by Connect
 };
 
 }  // namespace ember

@@ -80,6 +80,11 @@ class ShardChannel {
   virtual std::string ShardName(uint32_t shard) const = 0;
   // Whether the shards run in this process (their CPU is the process's).
   virtual bool in_process() const = 0;
+  // Client::Connect: the routing epoch the shards reported, sent with every
+  // later call (the ember-routing-epoch metadata) so that a shard at another
+  // epoch refuses it (ABORTED) instead of serving it. Shards in this process
+  // need none (nothing reshards them under the client).
+  virtual void SetRoutingEpoch(uint64_t epoch) { (void)epoch; }
 
   // `wait_for_ready`: a shard that is not reachable yet is waited for until
   // `timeout` instead of failing at once (a cluster that is starting).
