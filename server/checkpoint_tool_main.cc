@@ -46,18 +46,22 @@ int List(const std::string& dir) {
   // Every data file is read against its manifest: what is listed restores.
   const ember::CheckpointListing listing =
       ember::ListCheckpointDirectory(ember::FileSystem::Posix(), dir, ember::ListCheck::kDataFiles);
-  std::printf("| id | kind | parent | sequence | shard | step | workers | tables | rows | bytes | created |\n"
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "| id | kind | parent | sequence | shard | routing (epoch) | step | workers | tables | rows | "
+      "bytes | created |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const auto& m : listing.valid) {
     uint64_t rows = 0, bytes = 0;
     for (const auto& t : m.tables()) {
       rows += t.rows();
       bytes += t.file_bytes();
     }
-    std::printf("| %s | %s | %s | %llu | %u/%u | %lld | %d | %d | %llu | %llu | %s |\n",
+    std::printf("| %s | %s | %s | %llu | %u/%u | %s (%llu) | %lld | %d | %d | %llu | %llu | %s |\n",
                 m.id().c_str(), m.kind() == ember::v1::CHECKPOINT_KIND_DELTA ? "delta" : "full",
                 m.parent_id().empty() ? "-" : m.parent_id().c_str(),
                 static_cast<unsigned long long>(m.sequence()), m.shard_index(), m.shard_count(),
+                m.routing().c_str(),
+                static_cast<unsigned long long>(ember::RoutingEpochOf(m)),
                 static_cast<long long>(m.step()), m.workers_size(), m.tables_size(),
                 static_cast<unsigned long long>(rows), static_cast<unsigned long long>(bytes),
                 absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMicros(m.created_unix_micros()),
