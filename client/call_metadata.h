@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "common/wire.h"
 #include "grpcpp/client_context.h"
