@@ -516,7 +516,7 @@ absl::StatusOr<std::string> Checkpointer::Restore(const std::string& what) {
         EMBER_ASSIGN_OR_RETURN(
             tables, LoadOwnedTables(fs_, cluster, router, shard.shard_index, shard.device, &moved));
         workers = cluster.workers;
-        epoch = cluster.routing_epoch + 1;  // as ember-checkpoint reshard writes it
+        epoch = cluster.resharded_epoch();
         step = cluster.step;
         checkpoints = parts.size();
         bytes = cluster.bytes;

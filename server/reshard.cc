@@ -298,7 +298,7 @@ absl::StatusOr<ReshardResult> Reshard(FileSystem* fs, const CheckpointParts& clu
     m.set_shard_index(s);
     m.set_shard_count(n);
     m.set_routing(to.routing());
-    m.set_routing_epoch(cluster.routing_epoch + 1);
+    m.set_routing_epoch(cluster.resharded_epoch());
     m.set_step(cluster.step);
     *m.mutable_workers() = cluster.chains[0].back().workers();
     m.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));

@@ -32,6 +32,8 @@ struct CheckpointParts {
   uint32_t shard_count = 0;                                 // of the cluster that wrote it
   std::string routing;                                      // its routing
   uint64_t routing_epoch = 1;                               // its routing epoch
+  // The epoch of every reshard of it (the tool's parts, a resharded restore).
+  uint64_t resharded_epoch() const { return routing_epoch + 1; }
   std::vector<std::string> paths;                           // by shard index
   std::vector<std::vector<v1::CheckpointManifest>> chains;  // by shard index, base first
   // The cut, the same in every part.
