@@ -1,10 +1,15 @@
 #include "ember/client.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/admin_stubs.h"
 #include "client/grpc_channel.h"
 #include "client/in_process_channel.h"
 #include "client/request_plan.h"
@@ -131,6 +136,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ShardCha
   const uint32_t n = client->shard_count();
   for (uint32_t i = 0; i < n; ++i) {
     const v1::GetShardInfoResponse& info = infos[i];
+    if (!info.joining() && !info.retired()) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        client->ShardName(i),
+        info.joining() ? ": waits to join a cluster (ember-server --join), serving nothing yet"
+                       : absl::StrCat(": left its cluster in a move; the cluster is now ",
+                                      absl::StrJoin(info.cluster_addresses(), ","),
+                                      " (Client::ConnectToCluster follows it)")));
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const v1::GetShardInfoResponse& info = infos[i];
     if (info.shard_index() != i || info.shard_count() != n) {
       return absl::FailedPreconditionError(
           absl::StrCat(client->ShardName(i), ": expected shard ", i, " of ", n, ", received shard ",
@@ -160,6 +175,45 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::unique_ptr<ShardCha
   client->routing_epoch_ = infos[0].routing_epoch();
   client->channel_->SetRoutingEpoch(client->routing_epoch_);
   return client;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::ConnectToCluster(const ClientOptions& given) {
+  EMBER_ASSIGN_OR_RETURN(const ClientOptions options, Resolved(given));
+  if (options.in_process.shards > 0) return Connect(options);
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  for (;;) {
+    // The addresses the newest routing epoch names, or the ones given.
+    ClientOptions now = options;
+    AdminStubs stubs(options.tls, options.auth_token, options.rpc_timeout);
+    uint64_t newest = 0;
+    for (const std::string& address : options.shards) {
+      v1::GetShardInfoResponse info;
+      if (!stubs.Open(address).ok() || !stubs.ShardInfo(address, &info).ok()) continue;
+      if (info.routing_epoch() > newest && info.cluster_addresses_size() > 0) {
+        newest = info.routing_epoch();
+        now.shards.assign(info.cluster_addresses().begin(), info.cluster_addresses().end());
+      }
+    }
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect(now);
+    // Shards of two epochs, or a joining one: a move is committing.
+    if (client.ok() || !absl::IsFailedPrecondition(client.status()) || absl::Now() > deadline) {
+      return client;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::StatusOr<int64_t> Client::AppliedStep(uint32_t worker_id) {
+  EMBER_ASSIGN_OR_RETURN(std::vector<v1::GetShardInfoResponse> infos, ShardInfos());
+  int64_t applied = std::numeric_limits<int64_t>::max();
+  for (const v1::GetShardInfoResponse& info : infos) {
+    int64_t here = -1;
+    for (const v1::WorkerStep& w : info.workers()) {
+      if (w.worker_id() == worker_id) here = w.applied_step();
+    }
+    applied = std::min(applied, here);
+  }
+  return applied;
 }
 
 uint32_t Client::shard_count() const { return channel_->shard_count(); }

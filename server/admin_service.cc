@@ -67,4 +67,19 @@ grpc::Status AdminServiceImpl::ListCheckpoints(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status AdminServiceImpl::CommitMove(grpc::ServerContext* context,
+                                          const v1::CommitMoveRequest* request,
+                                          v1::CommitMoveResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kAdmin, "CommitMove");
+  return ToGrpcStatus(checkpointer_->CommitMove(*request, response));
+}
+
+grpc::Status AdminServiceImpl::AbortMove(grpc::ServerContext* context, const v1::AbortMoveRequest*,
+                                         v1::AbortMoveResponse* response) {
+  EMBER_AUTHORIZE(context, Role::kAdmin, "AbortMove");
+  response->set_was_holding(shard_->ReleaseMoveHold());
+  if (response->was_holding()) spdlog::info("move aborted: the held pushes go on");
+  return grpc::Status::OK;
+}
+
 }  // namespace ember

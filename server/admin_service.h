@@ -11,8 +11,8 @@ namespace ember {
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
   // `shard`, `checkpointer` and `auth` (null: no authentication) must
-  // outlive the service. CreateTable, DropTable and Checkpoint need the
-  // admin role; the read-only calls any role.
+  // outlive the service. CreateTable, DropTable, Checkpoint and the
+  // moves need the admin role; the read-only calls any role.
   AdminServiceImpl(Shard* shard, Checkpointer* checkpointer, const TokenAuth* auth = nullptr)
       : shard_(shard), checkpointer_(checkpointer), auth_(auth) {}
 
@@ -29,6 +29,10 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   grpc::Status ListCheckpoints(grpc::ServerContext* context,
                                const v1::ListCheckpointsRequest* request,
                                v1::ListCheckpointsResponse* response) override;
+  grpc::Status CommitMove(grpc::ServerContext* context, const v1::CommitMoveRequest* request,
+                          v1::CommitMoveResponse* response) override;
+  grpc::Status AbortMove(grpc::ServerContext* context, const v1::AbortMoveRequest* request,
+                         v1::AbortMoveResponse* response) override;
 
  private:
   Shard* shard_;

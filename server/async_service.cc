@@ -371,6 +371,8 @@ struct AsyncServices::Methods {
   M<Admin, v1::GetShardInfoRequest, v1::GetShardInfoResponse> shard_info;
   M<Admin, v1::CheckpointRequest, v1::CheckpointResponse> checkpoint;
   M<Admin, v1::ListCheckpointsRequest, v1::ListCheckpointsResponse> list_checkpoints;
+  M<Admin, v1::CommitMoveRequest, v1::CommitMoveResponse> commit_move;
+  M<Admin, v1::AbortMoveRequest, v1::AbortMoveResponse> abort_move;
 };
 
 namespace {
@@ -417,6 +419,10 @@ AsyncServices::AsyncServices(EmbeddingServiceImpl* embedding, AdminServiceImpl* 
                      Handler(admin, &AdminServiceImpl::Checkpoint), always, &offload_},
       .list_checkpoints = {&admin_, &Admin::RequestListCheckpoints,
                            Handler(admin, &AdminServiceImpl::ListCheckpoints), always, &offload_},
+      .commit_move = {&admin_, &Admin::RequestCommitMove,
+                      Handler(admin, &AdminServiceImpl::CommitMove), always, &offload_},
+      .abort_move = {&admin_, &Admin::RequestAbortMove,
+                     Handler(admin, &AdminServiceImpl::AbortMove), always, &offload_},
   });
 }
 
@@ -448,6 +454,8 @@ void AsyncServices::ListenAll(grpc::ServerCompletionQueue* cq) {
   Listen(m.shard_info, cq);
   Listen(m.checkpoint, cq);
   Listen(m.list_checkpoints, cq);
+  Listen(m.commit_move, cq);
+  Listen(m.abort_move, cq);
   new StreamCall(&embedding_, embedding_impl_, &offload_, cq);
   new ExchangeCall(&embedding_, embedding_impl_, &offload_, cq);
   new GenericCall(generic_.get(), health_, cq);

@@ -22,6 +22,7 @@
 #include "server/checkpoint_chain.h"
 #include "server/checkpoint_format.h"
 #include "server/reshard.h"
+#include "server/shard_move.h"
 #include "spdlog/spdlog.h"
 
 #ifndef EMBER_VERSION
@@ -210,7 +211,19 @@ absl::Status Checkpointer::Checkpoint(const v1::CheckpointRequest& request, absl
     return absl::InvalidArgumentError(
         absl::StrCat("field 'step': expected >= 0, received ", request.step()));
   }
-  return Take(request, deadline, /*as_is=*/false, response);
+  absl::Status taken = Take(request, deadline, /*as_is=*/false, response);
+  // A move's cut that was not written is no cut: let the pushes go.
+  if (!taken.ok() && request.hold_for_move()) shard_->ReleaseMoveHold();
+  return taken;
+}
+
+absl::Status Checkpointer::CommitMove(const v1::CommitMoveRequest& request,
+                                      v1::CommitMoveResponse* response) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EMBER_RETURN_IF_ERROR(ember::CommitMove(shard_, fs_, metrics_, request, response));
+  // The next checkpoint is of the new placement: no delta on the old one.
+  last_id_.reset();
+  return absl::OkStatus();
 }
 
 absl::Status Checkpointer::CheckpointOnExit(bool incremental, absl::Time deadline,
@@ -268,7 +281,8 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   std::optional<int64_t> step;
   if (request.has_step()) step = request.step();
 
-  absl::StatusOr<ShardSnapshot> snap = shard_->Snapshot(step, parent.has_value(), deadline, as_is);
+  absl::StatusOr<ShardSnapshot> snap =
+      shard_->Snapshot(step, parent.has_value(), deadline, as_is, request.hold_for_move());
   if (!snap.ok()) {
     // A refused or timed-out cut copied nothing; any other failure may have
     // marked some rows clean, so the next checkpoint cannot be a delta.
@@ -287,17 +301,17 @@ absl::Status Checkpointer::Write(const v1::CheckpointRequest& request, absl::Tim
   EMBER_RETURN_IF_ERROR(fs_->RemoveAll(temp));
   EMBER_RETURN_IF_ERROR(fs_->CreateDirs(temp));
 
-  const ShardOptions& shard = shard_->options();
+  const std::shared_ptr<const ShardPlacement> placement = shard_->placement();
   v1::CheckpointManifest manifest;
   manifest.set_format_version(kCheckpointFormatVersion);
   manifest.set_id(id);
   manifest.set_kind(parent ? v1::CHECKPOINT_KIND_DELTA : v1::CHECKPOINT_KIND_FULL);
   if (parent) manifest.set_parent_id(*parent);
   manifest.set_sequence(sequence);
-  manifest.set_shard_index(shard.shard_index);
-  manifest.set_shard_count(shard.shard_count);
-  manifest.set_routing(shard_->router().routing());
-  manifest.set_routing_epoch(shard_->routing_epoch());
+  manifest.set_shard_index(placement->index);
+  manifest.set_shard_count(placement->count);
+  manifest.set_routing(placement->router.routing());
+  manifest.set_routing_epoch(placement->epoch);
   manifest.set_step(snap->step);
   for (const auto& [worker, progress] : snap->workers) {
     v1::WorkerStep* w = manifest.add_workers();

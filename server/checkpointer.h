@@ -119,6 +119,9 @@ class Checkpointer {
   absl::Status CheckpointOnExit(bool incremental, absl::Time deadline,
                                 v1::CheckpointResponse* response);
   void List(v1::ListCheckpointsResponse* response);
+  // See AdminService.CommitMove (server/shard_move.h); one at a time with
+  // the checkpoints.
+  absl::Status CommitMove(const v1::CommitMoveRequest& request, v1::CommitMoveResponse* response);
 
   // Restores the shard from `what`: "latest" (the newest checkpoint in
   // options.directory whose whole chain verifies, falling back to older ones

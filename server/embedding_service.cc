@@ -348,6 +348,11 @@ grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                   const v1::RegisterWorkerRequest* request,
                                                   v1::RegisterWorkerResponse* response) {
   EMBER_AUTHORIZE_SYNC(*context, "RegisterWorker");
+  // A client of an older routing must not change the clock of the cluster
+  // that replaced it (a pipeline closing after its cluster moved).
+  if (absl::Status s = CheckCallRoutingEpoch(*shard_, *context, "RegisterWorker"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(shard_->RegisterWorker(*request, response));
 }
 
@@ -355,6 +360,9 @@ grpc::Status EmbeddingServiceImpl::UnregisterWorker(grpc::ServerContext* context
                                                     const v1::UnregisterWorkerRequest* request,
                                                     v1::UnregisterWorkerResponse* response) {
   EMBER_AUTHORIZE_SYNC(*context, "UnregisterWorker");
+  if (absl::Status s = CheckCallRoutingEpoch(*shard_, *context, "UnregisterWorker"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   shard_->UnregisterWorker(*request, response);
   return grpc::Status::OK;
 }

@@ -69,6 +69,10 @@ ABSL_FLAG(int, checkpoint_keep, Defaults().checkpoint.keep,
           "Full checkpoints kept, with the deltas on them; older ones are deleted. 0: all.");
 ABSL_FLAG(bool, checkpoint_on_exit, true,
           "With --checkpoint_dir, write a checkpoint on SIGTERM/SIGINT after serving stops.");
+ABSL_FLAG(bool, join, false,
+          "Start outside any cluster, to join one in a move to more shards (ember-move): "
+          "serves no Lookup, Push or Exchange until the move gives it its index and shard "
+          "count (--shard_index and --shard_count are then ignored).");
 ABSL_FLAG(std::string, restore_from, "",
           "Restore before serving: 'latest' (newest valid checkpoint in --checkpoint_dir, "
           "none is fine), a checkpoint directory, or every part of a cluster checkpoint "
@@ -125,6 +129,7 @@ int main(int argc, char** argv) {
   options.shard.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.shard.shard_count = absl::GetFlag(FLAGS_shard_count);
   options.shard.routing = absl::GetFlag(FLAGS_routing);
+  options.shard.join = absl::GetFlag(FLAGS_join);
   options.shard.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   options.shard.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
@@ -159,6 +164,13 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  if (options.shard.join && !options.restore_from.empty()) {
+    spdlog::error(
+        "ember-server: --join starts a shard with nothing; --restore_from='{}' with it "
+        "would be dropped by the move that gives it its place",
+        options.restore_from);
+    return 2;
+  }
   auto server = ember::Server::Start(options);
   if (!server.ok()) {
     spdlog::error("ember-server: {}", server.status().ToString());

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/key_hash.h"
 #include "common/process_cpu.h"
 #include "common/status_macros.h"
@@ -44,9 +46,22 @@ absl::Status ShardOptions::Validate() const {
   return CheckStoreDevice(device);
 }
 
-Shard::Shard(ShardOptions options)
-    : options_(options),
-      router_(KeyRouter::Make(options_.routing, options_.shard_count).value_or(KeyRouter())) {}
+Shard::Shard(ShardOptions options) : options_(options) {
+  auto placement = std::make_shared<ShardPlacement>();
+  placement->index = options_.shard_index;
+  placement->count = options_.shard_count;
+  placement->router = KeyRouter::Make(options_.routing, options_.shard_count).value_or(KeyRouter());
+  if (options_.join) {
+    placement->joining = true;
+    placement->epoch = 0;
+  }
+  placement_ = std::move(placement);
+}
+
+std::shared_ptr<const ShardPlacement> Shard::placement() const {
+  ReaderLock lock(&mu_);
+  return placement_;
+}
 
 void Shard::FillTableInfo(const Table& table, v1::TableInfo* info) const {
   const StoreStats st = table.store->Stats();
@@ -81,7 +96,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
         " tables, limit max_tables is ", options_.max_tables));
   }
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store, NewStore(config, options_.device));
-  auto table = std::make_shared<Table>(Table{std::move(normalized), std::move(store)});
+  auto table = std::make_shared<Table>(std::move(normalized), std::move(store));
   if (metrics_ != nullptr) table->series = metrics_->Table(table->config.name());
   response->set_created(true);
   FillTableInfo(*table, response->mutable_table());
@@ -115,10 +130,15 @@ void Shard::ListTables(v1::ListTablesResponse* response) const {
 }
 
 void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
-  r->set_shard_index(options_.shard_index);
-  r->set_shard_count(options_.shard_count);
-  r->set_routing(router_.routing());
-  r->set_routing_epoch(routing_epoch_);
+  const std::shared_ptr<const ShardPlacement> placement = this->placement();
+  r->set_shard_index(placement->index);
+  r->set_shard_count(placement->count);
+  r->set_routing(placement->router.routing());
+  r->set_routing_epoch(placement->epoch);
+  r->set_joining(placement->joining);
+  r->set_retired(placement->retired);
+  for (const std::string& a : placement->addresses) r->add_cluster_addresses(a);
+  r->set_move_held(move_held());
   r->set_max_keys_per_request(options_.max_keys_per_request);
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_version(EMBER_VERSION);
@@ -135,25 +155,53 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
 }
 
 absl::Status Shard::CheckRoutingEpoch(uint64_t epoch, absl::string_view rpc) const {
-  if (epoch == 0 || epoch == routing_epoch_) return absl::OkStatus();
+  const std::shared_ptr<const ShardPlacement> p = placement();
+  if (p->joining) {
+    return absl::UnavailableError(absl::StrCat(
+        rpc,
+        ": this shard waits to join a cluster (ember-server --join) and serves nothing "
+        "until a move (ember-move) gives it its place"));
+  }
+  if (p->retired) {
+    return absl::AbortedError(absl::StrCat(
+        rpc, ": this shard left its cluster in a move to ", p->count, " shards (routing epoch ",
+        p->epoch, ", addresses ", absl::StrJoin(p->addresses, ","),
+        "). Nothing was read or applied; connect to the cluster's shards"));
+  }
+  if (epoch == 0 || epoch == p->epoch) return absl::OkStatus();
   return absl::AbortedError(absl::StrCat(
-      rpc, ": routed by routing epoch ", epoch, ", but shard ", options_.shard_index, " of ",
-      options_.shard_count, " is at routing epoch ", routing_epoch_, " (routing '",
-      router_.routing(),
+      rpc, ": routed by routing epoch ", epoch, ", but shard ", p->index, " of ", p->count,
+      " is at routing epoch ", p->epoch, " (routing '", p->router.routing(),
       "'): the cluster was resharded since the client connected (or this shard "
       "was restored apart from its cluster). Nothing was read or applied; connect again to route "
       "by the cluster's shard count and routing"));
 }
 
-absl::Status Shard::CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const {
-  if (options_.shard_count == 1) return absl::OkStatus();
+absl::Status Shard::CheckOwnership(const ShardPlacement& placement, absl::string_view table,
+                                   absl::Span<const uint64_t> keys) const {
+  if (placement.count == 1) return absl::OkStatus();
   for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t owner = router_.ShardOf(keys[i]);
-    if (owner != options_.shard_index) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", table, "' field 'keys': key ", keys[i], " at index ", i,
-          " is misrouted: expected shard ", owner, " of ", options_.shard_count,
-          ", received by shard ", options_.shard_index));
+    const uint32_t owner = placement.router.ShardOf(keys[i]);
+    if (owner != placement.index) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", table, "' field 'keys': key ", keys[i], " at index ", i,
+                       " is misrouted: expected shard ", owner, " of ", placement.count,
+                       ", received by shard ", placement.index));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckNotMoved(const std::vector<Resolved>& resolved, absl::string_view rpc) {
+  for (const Resolved& r : resolved) {
+    if (r.table->moved_out.load(std::memory_order_acquire)) {
+      return absl::AbortedError(absl::StrCat(
+          rpc,
+          ": the cluster moved to another shard count while this call waited for the "
+          "consistency clock (table '",
+          r.table->config.name(),
+          "'). Nothing was read or applied; connect again to route by the cluster's shard count "
+          "and routing"));
     }
   }
   return absl::OkStatus();
@@ -204,6 +252,7 @@ absl::Status Shard::Resolve(absl::string_view rpc, absl::string_view field,
                             const std::string& table_name, const std::string& key_bytes,
                             v1::DType dtype, std::vector<Resolved>* resolved) {
   Resolved r;
+  std::shared_ptr<const ShardPlacement> placement;
   {
     ReaderLock lock(&mu_);
     auto it = tables_.find(table_name);
@@ -212,9 +261,10 @@ absl::Status Shard::Resolve(absl::string_view rpc, absl::string_view field,
           absl::StrCat("table '", table_name, "' not found (field '", field, ".table')"));
     }
     r.table = it->second;
+    placement = placement_;  // the routing of these tables
   }
   // Errors from here on belong to an existing table: count them per table.
-  absl::Status s = ResolveTable(field, table_name, key_bytes, dtype, *resolved, &r);
+  absl::Status s = ResolveTable(*placement, field, table_name, key_bytes, dtype, *resolved, &r);
   if (!s.ok()) {
     if (metrics_ != nullptr) metrics_->TableError(table_name, rpc, s.code());
     return s;
@@ -223,9 +273,10 @@ absl::Status Shard::Resolve(absl::string_view rpc, absl::string_view field,
   return absl::OkStatus();
 }
 
-absl::Status Shard::ResolveTable(absl::string_view field, const std::string& table_name,
-                                 const std::string& key_bytes, v1::DType dtype,
-                                 const std::vector<Resolved>& resolved, Resolved* out) const {
+absl::Status Shard::ResolveTable(const ShardPlacement& placement, absl::string_view field,
+                                 const std::string& table_name, const std::string& key_bytes,
+                                 v1::DType dtype, const std::vector<Resolved>& resolved,
+                                 Resolved* out) const {
   Resolved& r = *out;
   for (const Resolved& other : resolved) {
     if (other.table == r.table) {
@@ -241,7 +292,7 @@ absl::Status Shard::ResolveTable(absl::string_view field, const std::string& tab
   }
   EMBER_ASSIGN_OR_RETURN(r.dtype, DTypeFromProto(dtype, table_name, "dtype"));
   r.keys = KeysView(key_bytes, &r.key_storage);
-  return CheckOwnership(table_name, r.keys);
+  return CheckOwnership(placement, table_name, r.keys);
 }
 
 void Shard::SetMetrics(ShardMetrics* metrics) {
@@ -291,8 +342,8 @@ absl::Status Shard::Lookup(const v1::LookupRequest& request, v1::LookupResponse*
 absl::Status Shard::NameRestore(absl::Status status) const {
   if (!absl::IsDataLoss(status)) return status;
   ReaderLock lock(&mu_);
-  return absl::DataLossError(absl::StrCat("shard ", options_.shard_index, " of ",
-                                          options_.shard_count, " (restored from '", restored_from_,
+  return absl::DataLossError(absl::StrCat("shard ", placement_->index, " of ", placement_->count,
+                                          " (restored from '", restored_from_,
                                           "'): ", status.message()));
 }
 
@@ -372,6 +423,7 @@ absl::Status Shard::LookupWithin(const v1::LookupRequest& request, v1::LookupRes
   for (int i = 0; i < request.tables_size(); ++i) writes[i] = !request.tables(i).read_only();
   EMBER_RETURN_IF_ERROR(CheckRowBudget(resolved, writes));
   EMBER_RETURN_IF_ERROR(WaitForClock(request, "lookup", deadline));
+  EMBER_RETURN_IF_ERROR(CheckNotMoved(resolved, "Lookup"));
 
   for (int i = 0; i < request.tables_size(); ++i) {
     const Resolved& r = resolved[i];
@@ -461,6 +513,28 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
   if (claim == SspClock::Claim::kDuplicate) {
     response->set_duplicate(true);
     return absl::OkStatus();
+  }
+  // Between a move's cut and its commit, every push past the cut is
+  // refused (the commit would drop what it wrote), untracked ones too;
+  // those are counted, so that the cut waits for those under way. A push
+  // that waited for a checkpoint's hold may find its tables moved out.
+  const bool untracked = claim == SspClock::Claim::kUntracked;
+  if (untracked) untracked_pushes_.fetch_add(1);
+  absl::Cleanup untracked_done = [&] {
+    if (untracked) untracked_pushes_.fetch_sub(1);
+  };
+  absl::Status movable = CheckNotMoved(resolved, "Push");
+  if (movable.ok() && move_held() && (untracked || request.step() > move_step_.load())) {
+    movable = absl::UnavailableError(absl::StrCat(
+        "Push: a move of the cluster to another shard count holds this shard's pushes past step ",
+        move_step_.load(), " (its cut); worker ", request.worker_id(), " step ", request.step(),
+        untracked ? " (not registered)" : "",
+        " was not applied. Retry: once the move is committed, the cluster refuses it with ABORTED "
+        "and the client connects again"));
+  }
+  if (!movable.ok()) {
+    if (claim == SspClock::Claim::kClaimed) clock_.End(request.worker_id(), request.step(), false);
+    return movable;
   }
   // The write log learns of the push before the clock counts it applied.
   if (claim == SspClock::Claim::kClaimed) {

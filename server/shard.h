@@ -9,6 +9,7 @@
 // while requests use it is safe: in-flight requests finish on the old store.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -68,6 +69,22 @@ struct RestoredTable {
   std::unique_ptr<EmbeddingStore> store;
 };
 
+// Where a shard sits in its cluster: replaced whole by a restore before
+// serving, and by a move (Shard::InstallMoved) while it serves.
+struct ShardPlacement {
+  uint32_t index = 0;  // in [0, count)
+  uint32_t count = 1;
+  KeyRouter router;  // of `count` shards
+  // GetShardInfoResponse.routing_epoch; 0 while joining.
+  uint64_t epoch = 1;
+  // Waiting for a move to give it a place (ember-server --join), or left
+  // the cluster by one: serves no Lookup, Push or Exchange.
+  bool joining = false;
+  bool retired = false;
+  // The cluster's addresses by index, as the last move named them.
+  std::vector<std::string> addresses;
+};
+
 struct ShardOptions {
   // This shard's index in [0, shard_count).
   uint32_t shard_index = 0;
@@ -78,6 +95,9 @@ struct ShardOptions {
   // keeps the routing the checkpoint records; a restore that reshards
   // routes by this one.
   std::string routing = kDefaultRouting;
+  // Start outside any cluster, serving nothing until a move's CommitMove
+  // gives the shard its place (shard_index and shard_count are ignored).
+  bool join = false;
   // Most keys one Lookup or Push may carry over all its tables.
   uint64_t max_keys_per_request = uint64_t{8} << 20;
   // Largest request or response message; a lookup whose answer would be
@@ -104,18 +124,19 @@ class Shard {
  public:
   explicit Shard(ShardOptions options);
 
+  // The options it was started with; its place in the cluster is
+  // placement() (a move changes it while serving).
   const ShardOptions& options() const { return options_; }
-  // The routing this shard checks keys against (changed only by
-  // InstallRestored).
-  const KeyRouter& router() const { return router_; }
-  // The routing epoch (GetShardInfoResponse.routing_epoch): 1 for a shard
-  // that starts empty, the checkpoint's for one restored (changed only by
-  // InstallRestored).
-  uint64_t routing_epoch() const { return routing_epoch_; }
+  // Its place now: index, shard count, the routing it checks keys against
+  // and the routing epoch (1 for a shard that starts empty, the
+  // checkpoint's for one restored, one more after every reshard or move).
+  std::shared_ptr<const ShardPlacement> placement() const;
+  uint64_t routing_epoch() const { return placement()->epoch; }
   // ABORTED, naming both epochs and what to do, when `epoch` (a call's
   // ember-routing-epoch; 0: not sent, not checked) is not this shard's:
   // the call was routed by another shard count or routing and must not be
-  // served. `rpc` names the call.
+  // served. A joining shard refuses every call (UNAVAILABLE), a retired one
+  // every call (ABORTED, naming the cluster it left for). `rpc` names the call.
   absl::Status CheckRoutingEpoch(uint64_t epoch, absl::string_view rpc) const;
 
   // Creates a table; see AdminService.CreateTable for the semantics.
@@ -169,8 +190,20 @@ class Shard {
   // is held or waited for, `step` is ignored, the snapshot holds every
   // worker's progress as it is (gaps included) and its step is the smallest
   // worker's applied step.
+  //
+  // `hold_for_move`: a move's cut. Once the copy is made, pushes of later
+  // steps, and pushes of unregistered workers, are refused (UNAVAILABLE,
+  // which clients retry) until InstallMoved or ReleaseMoveHold: none is
+  // applied to tables the move replaces, and no server thread waits.
+  // Any snapshot but `as_is` is UNAVAILABLE while a move holds.
   absl::StatusOr<ShardSnapshot> Snapshot(std::optional<int64_t> step, bool delta,
-                                         absl::Time deadline, bool as_is = false);
+                                         absl::Time deadline, bool as_is = false,
+                                         bool hold_for_move = false);
+  // Whether a move's cut holds pushes (refusing those past it).
+  bool move_held() const;
+  // Ends a move's hold under the placement the shard has (an aborted
+  // move): pushes past the cut are applied again. Returns whether it held.
+  bool ReleaseMoveHold();
 
   // Advances the TTL time of every table with a TTL (`since_start` in
   // seconds, or the latest step any registered worker has pushed) and
@@ -185,6 +218,15 @@ class Shard {
   void InstallRestored(std::vector<RestoredTable> tables,
                        const std::map<uint32_t, SspClock::Progress>& workers,
                        const KeyRouter& router, uint64_t routing_epoch, const std::string& source);
+  // A move's commit while serving: replaces every table, the clock and the
+  // placement with the new cluster's (tables and workers from the move's
+  // cut), then ends the move's hold: pushes of the old routing epoch are
+  // refused from then on by the epoch check. Requests that hold a table of
+  // before (a lookup waiting for the clock) are refused with ABORTED once
+  // they get past their wait. `source` names the cut (restored_from).
+  void InstallMoved(std::vector<RestoredTable> tables,
+                    const std::map<uint32_t, SspClock::Progress>& workers, ShardPlacement placement,
+                    const std::string& source);
 
   absl::Status RegisterWorker(const v1::RegisterWorkerRequest& request,
                               v1::RegisterWorkerResponse* response);
@@ -208,9 +250,13 @@ class Shard {
                             absl::Time deadline, uint64_t reserved_bytes);
 
   struct Table {
+    Table(v1::TableConfig c, std::unique_ptr<EmbeddingStore> s)
+        : config(std::move(c)), store(std::move(s)) {}
     v1::TableConfig config;  // normalized
     std::unique_ptr<EmbeddingStore> store;
     ShardMetrics::TableSeries* series = nullptr;  // null without metrics
+    // Replaced by a move: a request holding it must not read or write it.
+    std::atomic<bool> moved_out{false};
   };
   // A table entry of a request, resolved and checked.
   struct Resolved {
@@ -263,9 +309,10 @@ class Shard {
                        const std::string& key_bytes, v1::DType dtype,
                        std::vector<Resolved>* resolved);
   // Resolve's checks once the table is known.
-  absl::Status ResolveTable(absl::string_view field, const std::string& table_name,
-                            const std::string& key_bytes, v1::DType dtype,
-                            const std::vector<Resolved>& resolved, Resolved* out) const;
+  absl::Status ResolveTable(const ShardPlacement& placement, absl::string_view field,
+                            const std::string& table_name, const std::string& key_bytes,
+                            v1::DType dtype, const std::vector<Resolved>& resolved,
+                            Resolved* out) const;
   // Applies a validated push to the stores.
   absl::Status Apply(const v1::PushRequest& request, const std::vector<Resolved>& resolved,
                      const std::vector<GradientRows>& grads, v1::PushResponse* response);
@@ -274,7 +321,15 @@ class Shard {
   // would insert past it (counting their missing keys only near the limit).
   absl::Status CheckRowBudget(const std::vector<Resolved>& resolved,
                               const std::vector<bool>& writes) const;
-  absl::Status CheckOwnership(absl::string_view table, absl::Span<const uint64_t> keys) const;
+  absl::Status CheckOwnership(const ShardPlacement& placement, absl::string_view table,
+                              absl::Span<const uint64_t> keys) const;
+  // ABORTED if a move replaced one of `resolved`'s tables (`rpc` waited past
+  // it): nothing of the request may touch them any more.
+  static absl::Status CheckNotMoved(const std::vector<Resolved>& resolved, absl::string_view rpc);
+  // Replaces tables, clock and placement (InstallRestored, InstallMoved).
+  void Install(std::vector<RestoredTable> restored,
+               const std::map<uint32_t, SspClock::Progress>& workers,
+               std::shared_ptr<const ShardPlacement> placement, const std::string& source);
   // A DATA_LOSS of the clock (lost steps) with this shard and what it was
   // restored from; any other status as it is.
   absl::Status NameRestore(absl::Status status) const;
@@ -283,8 +338,6 @@ class Shard {
   std::vector<std::shared_ptr<Table>> TableList() const;
 
   const ShardOptions options_;
-  KeyRouter router_;  // written before serving only (InstallRestored)
-  uint64_t routing_epoch_ = 1;  // the same
   const absl::Time start_time_ = absl::Now();
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
@@ -292,6 +345,10 @@ class Shard {
   WriteLog written_;                 // for TableLookup.changed_since
   std::mutex snapshot_mu_;           // one Snapshot at a time
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const ShardPlacement> placement_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> move_held_{false};    // between a move's cut and its end
+  std::atomic<int64_t> move_step_{-1};    // the cut
+  std::atomic<int> untracked_pushes_{0};  // pushes of unregistered workers under way
   ShardMetrics* metrics_ = nullptr;  // set before serving; null: no metrics
 };
 

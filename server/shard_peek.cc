@@ -52,6 +52,7 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
                                           /*varints=*/4);
                   }));
   EMBER_RETURN_IF_ERROR(WaitForClock(request, "peek", deadline));
+  EMBER_RETURN_IF_ERROR(CheckNotMoved(resolved, "Peek"));
 
   // Before any row is read: a change the log misses after this point
   // changes the token the trainer hands back.

@@ -11,13 +11,19 @@
 namespace ember {
 
 absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool delta,
-                                              absl::Time deadline, bool as_is) {
+                                              absl::Time deadline, bool as_is, bool hold_for_move) {
   std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
+  if (move_held() && !as_is) {
+    return absl::UnavailableError(
+        "a move of the cluster holds this shard's pushes at its cut: no other checkpoint until it "
+        "is committed or aborted (ember-move)");
+  }
   ShardSnapshot snap;
   const absl::Time start = absl::Now();
   bool holding = false;
   absl::Cleanup release = [&] {
     if (holding) clock_.ReleaseHold();
+    if (hold_for_move) move_held_.store(false);
   };
   if (as_is) {
     const int64_t min_applied = clock_.MinApplied();
@@ -29,6 +35,18 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
     if (snap.step >= 0) {
       EMBER_RETURN_IF_ERROR(clock_.WaitFor(
           snap.step, deadline, absl::StrCat("checkpoint at step ", snap.step)));
+    }
+  }
+  if (hold_for_move) {
+    // Pushes of unregistered workers are not held: refuse the next ones,
+    // and let those under way finish before the copy.
+    move_held_.store(true);
+    while (untracked_pushes_.load() > 0) {
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            "a move's cut: pushes of unregistered workers still under way at the deadline");
+      }
+      absl::SleepFor(absl::Microseconds(100));
     }
   }
   snap.workers = clock_.Workers();
@@ -65,7 +83,25 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
     out.full = kind == SnapshotKind::kFull;
   }
   snap.copy = absl::Now() - cut;
+  if (hold_for_move) {
+    // From here until the move's end, pushes past the cut are refused
+    // (UNAVAILABLE: clients retry) rather than held: a held push would keep
+    // its thread, and the server's threads must answer the move's calls.
+    // Set before the clock lets them go, so that none is applied.
+    move_step_.store(snap.step);
+    move_held_.store(true);
+    std::move(release).Cancel();
+    if (holding) clock_.ReleaseHold();
+  }
   return snap;
+}
+
+bool Shard::move_held() const { return move_held_.load(); }
+
+bool Shard::ReleaseMoveHold() {
+  // One snapshot at a time: a move's cut is made, or refused, whole.
+  std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
+  return move_held_.exchange(false);
 }
 
 uint64_t Shard::ExpireRows(absl::Duration since_start) {
@@ -91,19 +127,37 @@ void Shard::InstallRestored(std::vector<RestoredTable> restored,
                             const std::map<uint32_t, SspClock::Progress>& workers,
                             const KeyRouter& router, uint64_t routing_epoch,
                             const std::string& source) {
+  auto placement = std::make_shared<ShardPlacement>(*this->placement());
+  placement->router = router;
+  placement->epoch = routing_epoch;
+  Install(std::move(restored), workers, std::move(placement), source);
+}
+
+void Shard::InstallMoved(std::vector<RestoredTable> tables,
+                         const std::map<uint32_t, SspClock::Progress>& workers,
+                         ShardPlacement placement, const std::string& source) {
+  std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
+  Install(std::move(tables), workers, std::make_shared<const ShardPlacement>(std::move(placement)),
+          source);
+  move_held_.store(false);
+}
+
+void Shard::Install(std::vector<RestoredTable> restored,
+                    const std::map<uint32_t, SspClock::Progress>& workers,
+                    std::shared_ptr<const ShardPlacement> placement, const std::string& source) {
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables;
   for (RestoredTable& r : restored) {
-    auto table = std::make_shared<Table>(Table{std::move(r.config), std::move(r.store)});
+    auto table = std::make_shared<Table>(std::move(r.config), std::move(r.store));
     if (metrics_ != nullptr) table->series = metrics_->Table(table->config.name());
     tables.emplace(table->config.name(), std::move(table));
   }
   {
     WriterLock lock(&mu_);
+    for (auto& [name, table] : tables_) table->moved_out.store(true, std::memory_order_release);
     tables_.swap(tables);
+    placement_ = std::move(placement);
     restored_from_ = source;
   }
-  router_ = router;
-  routing_epoch_ = routing_epoch;
   written_.ForgetAll();  // every row may differ from what a trainer peeked
   for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
   for (const auto& [id, progress] : workers) clock_.Restore(id, progress);

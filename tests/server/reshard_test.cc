@@ -430,7 +430,7 @@ TEST(ReshardTest, APartOfTheSameShardCountKeepsItsRoutingAndAReshardConvertsIt) 
   ASSERT_OK(restored.RestoreEach(parts));
   EXPECT_EQ(restored.Rows(), old.Rows());
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(restored.shard(i).router().routing(), kRoutingFastrange);
+    EXPECT_EQ(restored.shard(i).placement()->router.routing(), kRoutingFastrange);
     v1::GetShardInfoResponse info;
     restored.shard(i).GetShardInfo(&info);
     EXPECT_EQ(info.routing(), kRoutingFastrange);

@@ -143,6 +143,13 @@ class Client {
   // `options.in_process` are not used then; the other fields are).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(std::unique_ptr<ShardChannel> channel,
                                                          const ClientOptions& options);
+  // Connects to the cluster as it is now, after a move changed its shard
+  // count (a call refused with ABORTED: docs/operations.md, "Changing the
+  // shard count online"): the addresses come from the shards of
+  // `options.shards` (GetShardInfo.cluster_addresses of the newest routing
+  // epoch; the given ones if no shard names any), and while the shards
+  // disagree (a move committing) it tries again until connect_timeout.
+  static absl::StatusOr<std::unique_ptr<Client>> ConnectToCluster(const ClientOptions& options);
   ~Client();
 
   uint32_t shard_count() const;
@@ -205,6 +212,10 @@ class Client {
   // fails, the call fails naming it; the shards that succeeded keep their
   // part, which is not a cluster checkpoint on its own.
   absl::StatusOr<ClusterCheckpoint> Checkpoint(const CheckpointOptions& options = {});
+  // The step up to which every shard has applied `worker_id`'s pushes (the
+  // smallest over the shards; -1 where it is not registered): where a
+  // trainer that connected again after a move resumes (first_step = this + 1).
+  absl::StatusOr<int64_t> AppliedStep(uint32_t worker_id);
   // Every shard's GetShardInfo, shard i's at i.
   absl::StatusOr<std::vector<v1::GetShardInfoResponse>> ShardInfos();
 

@@ -1,0 +1,257 @@
+// What an online move costs a running trainer (issue 36): the reference
+// workload's pipelines at staleness s train against a 2-shard cluster while
+// it moves to 3 shards (a shard started with `ember-server --join`) and
+// back to 2 (ember/cluster_move.h). Each pipeline follows the cluster as a
+// trainer would: refused with ABORTED, it connects again
+// (Client::ConnectToCluster) and resumes at the step after the one every
+// shard applied (Client::AppliedStep).
+//
+//   move_bench --shards=h:p0,h:p1 --join=h:p2 [--pipelines=4 --staleness=1
+//              --compute_ms=1 --phase_seconds=3 --scale_down=1 --dim=8]
+//
+// Prints, for the phase before the moves and for each move: steps/s of all
+// pipelines, the time pushes were held, the trainers' gap (from the move's
+// start until every pipeline stepped again), and the steps/s over the
+// second that starts with the move; and the moved rows and their share.
+// That no push is lost or applied twice is what
+// tests/server/move_integration_test.cc checks (row for row).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/reference_workload.h"
+#include "bench/workload_flags.h"
+#include "ember/client.h"
+#include "ember/cluster_move.h"
+#include "ember/step_pipeline.h"
+
+ABSL_FLAG(std::string, shards, "", "The cluster's two shards, host:port,host:port.");
+ABSL_FLAG(std::string, join, "", "A shard started with ember-server --join, host:port.");
+ABSL_FLAG(int, pipelines, 4, "Step pipelines, one SSP worker and thread each.");
+ABSL_FLAG(int, staleness, 1, "SSP staleness.");
+ABSL_FLAG(double, compute_ms, 1, "Simulated compute per step (a sleep).");
+ABSL_FLAG(double, phase_seconds, 3, "Training before, between and after the two moves.");
+ABSL_FLAG(uint32_t, dim, 8, "Embedding dimension of every table.");
+ABSL_FLAG(int, batches, 256, "Distinct batches per pipeline, cycled.");
+
+namespace ember::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// One pipeline following the cluster until `stop`: the times its steps
+// completed (seconds since `start`) and the steps it trained.
+struct Worker {
+  uint32_t id = 0;
+  std::vector<double> step_done;
+  int64_t steps = 0;
+  int refusals = 0;
+  absl::Status status;
+};
+
+void Train(ClientOptions options, const std::vector<FeatureSpec>& specs,
+           const std::vector<Batch>& ring, Clock::time_point start, const std::atomic<bool>& stop,
+           Worker* w) {
+  const int staleness = absl::GetFlag(FLAGS_staleness);
+  const auto compute = std::chrono::duration<double, std::milli>(absl::GetFlag(FLAGS_compute_ms));
+  int64_t next = 0;
+  while (!stop.load()) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::ConnectToCluster(options);
+    if (!client.ok()) {
+      w->status = client.status();
+      return;
+    }
+    options.shards = (*client)->options().shards;
+    if (w->refusals > 0) {
+      absl::StatusOr<int64_t> applied = (*client)->AppliedStep(w->id);
+      if (!applied.ok()) {
+        w->status = applied.status();
+        return;
+      }
+      next = *applied + 1;
+    }
+    PipelineOptions o;
+    o.worker_id = w->id;
+    o.features = specs;
+    o.staleness = staleness;
+    o.first_step = next;
+    absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(client->get(), o);
+    if (!pipe.ok()) {
+      w->status = pipe.status();
+      return;
+    }
+    absl::Status s;
+    int64_t prefetched = next;
+    int64_t t = next;
+    for (; !stop.load() && s.ok(); ++t) {
+      for (; s.ok() && prefetched <= t + (*pipe)->prefetch_depth(); ++prefetched) {
+        s = (*pipe)->Prefetch(prefetched, ring[prefetched % ring.size()]);
+      }
+      if (!s.ok()) break;
+      absl::StatusOr<StepView> view = (*pipe)->Wait(t);
+      if (!view.ok()) {
+        s = view.status();
+        break;
+      }
+      std::this_thread::sleep_for(compute);
+      for (absl::Span<float> pooled : view->pooled) {
+        for (float& x : pooled) x *= 0.01f;
+      }
+      s = (*pipe)->Push(t, view->pooled);
+      if (s.ok()) w->step_done.push_back(Since(start));
+    }
+    if (s.ok()) s = (*pipe)->Close();
+    if (s.ok()) {
+      w->steps = t;
+      return;
+    }
+    if (!absl::IsAborted(s)) {
+      w->status = s;
+      return;
+    }
+    ++w->refusals;
+    (void)(*pipe)->Close();
+  }
+}
+
+struct Move {
+  double start = 0, end = 0;
+  absl::StatusOr<MoveResult> result = absl::UnknownError("not run");
+};
+
+int Run() {
+  const std::vector<std::string> two = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',');
+  const std::string joining = absl::GetFlag(FLAGS_join);
+  if (two.size() != 2 || joining.empty()) {
+    std::fprintf(stderr, "move_bench: --shards=<2 addresses> and --join=<address> are needed\n");
+    return 2;
+  }
+  const WorkloadFlags workload = ReadWorkloadFlags();
+  ClientOptions options;
+  options.shards = two;
+  options.retry_budget = absl::Seconds(60);
+  {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) {
+      std::fprintf(stderr, "move_bench: %s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    if (absl::Status s =
+            CreateReferenceTables(**client, workload.Features(), absl::GetFlag(FLAGS_dim));
+        !s.ok()) {
+      std::fprintf(stderr, "move_bench: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  const int n = absl::GetFlag(FLAGS_pipelines);
+  const std::vector<FeatureSpec> specs = ReferenceFeatureSpecs(workload.Features());
+  std::vector<std::vector<Batch>> rings(n);
+  for (int p = 0; p < n; ++p) {
+    BatchGenerator gen = workload.Generator(p);
+    for (int b = 0; b < absl::GetFlag(FLAGS_batches); ++b) rings[p].push_back(gen.Next());
+  }
+  std::printf("move_bench: %u cores, %d pipelines at s = %d, %.1f ms compute, dim %u; %s\n",
+              std::thread::hardware_concurrency(), n, absl::GetFlag(FLAGS_staleness),
+              absl::GetFlag(FLAGS_compute_ms), absl::GetFlag(FLAGS_dim),
+              workload.Describe().c_str());
+
+  const Clock::time_point start = Clock::now();
+  std::atomic<bool> stop{false};
+  std::vector<Worker> workers(n);
+  std::vector<std::thread> threads;
+  for (int p = 0; p < n; ++p) {
+    workers[p].id = 500 + static_cast<uint32_t>(p);
+    threads.emplace_back(Train, options, std::cref(specs), std::cref(rings[p]), start,
+                         std::cref(stop), &workers[p]);
+  }
+  const auto phase = std::chrono::duration<double>(absl::GetFlag(FLAGS_phase_seconds));
+  Move moves[2];
+  const std::vector<std::string> three = {two[0], two[1], joining};
+  std::this_thread::sleep_for(phase);
+  for (int m = 0; m < 2; ++m) {
+    MoveOptions mo;
+    mo.from = m == 0 ? two : three;
+    mo.to = m == 0 ? three : two;
+    moves[m].start = Since(start);
+    moves[m].result = MoveCluster(mo);
+    moves[m].end = Since(start);
+    std::this_thread::sleep_for(phase);
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+
+  std::vector<double> done;
+  for (const Worker& w : workers) {
+    if (!w.status.ok()) {
+      std::fprintf(stderr, "move_bench: worker %u: %s\n", w.id, w.status.ToString().c_str());
+      return 1;
+    }
+    done.insert(done.end(), w.step_done.begin(), w.step_done.end());
+  }
+  std::sort(done.begin(), done.end());
+  auto steps_between = [&](double a, double b) {
+    return static_cast<double>(std::lower_bound(done.begin(), done.end(), b) -
+                               std::lower_bound(done.begin(), done.end(), a));
+  };
+  const double before = steps_between(moves[0].start - 2.0, moves[0].start) / 2.0;
+  std::printf(
+      "\n| phase | steps/s (all pipelines) | of before | pushes held s | trainer gap s |\n");
+  std::printf("| --- | --- | --- | --- | --- |\n");
+  std::printf("| before (2 s) | %.0f | 1.00 | - | - |\n", before);
+  for (int m = 0; m < 2; ++m) {
+    if (!moves[m].result.ok()) {
+      std::fprintf(stderr, "move_bench: move %d: %s\n", m,
+                   moves[m].result.status().ToString().c_str());
+      return 1;
+    }
+    // The gap: until every pipeline completed a step after the move.
+    double gap = 0;
+    for (const Worker& w : workers) {
+      auto it = std::lower_bound(w.step_done.begin(), w.step_done.end(), moves[m].end);
+      if (it != w.step_done.end()) gap = std::max(gap, *it - moves[m].start);
+    }
+    const double second = steps_between(moves[m].start, moves[m].start + 1.0);
+    std::printf("| move %s, the second from its start | %.0f | %.2f | %.3f | %.3f |\n",
+                m == 0 ? "2 -> 3" : "3 -> 2", second, second / before,
+                moves[m].result->held_seconds, gap);
+  }
+  const double after = steps_between(moves[1].end + 1.0, moves[1].end + 3.0) / 2.0;
+  std::printf("| after (2 s) | %.0f | %.2f | - | - |\n\n", after, after / before);
+  for (int m = 0; m < 2; ++m) {
+    const MoveResult& r = *moves[m].result;
+    std::printf("move %s at step %lld: %llu rows, %llu moved (%.1f%%; jump routing moves 1/3)\n",
+                m == 0 ? "2 -> 3" : "3 -> 2", static_cast<long long>(r.step),
+                static_cast<unsigned long long>(r.rows),
+                static_cast<unsigned long long>(r.moved_rows),
+                100.0 * static_cast<double>(r.moved_rows) / static_cast<double>(r.rows));
+  }
+  bool exact = true;
+  for (const Worker& w : workers) {
+    std::printf("worker %u: %lld steps, refused by %d moves\n", w.id,
+                static_cast<long long>(w.steps), w.refusals);
+    exact = exact && w.refusals == 2;
+  }
+  std::printf("%s\n", exact ? "every pipeline followed both moves"
+                            : "a pipeline was not refused by both moves");
+  return exact ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ember::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ember::bench::Run();
+}
