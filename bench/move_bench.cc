@@ -227,8 +227,12 @@ int Run() {
                 m == 0 ? "2 -> 3" : "3 -> 2", second, second / before,
                 moves[m].result->held_seconds, gap);
   }
-  const double after = steps_between(moves[1].end + 1.0, moves[1].end + 3.0) / 2.0;
-  std::printf("| after (2 s) | %.0f | %.2f | - | - |\n\n", after, after / before);
+  // After: from a second past the last move to the end.
+  const double last = done.empty() ? 0 : done.back();
+  const double after_seconds = std::max(0.1, last - (moves[1].end + 1.0));
+  const double after = steps_between(moves[1].end + 1.0, last) / after_seconds;
+  std::printf("| after (%.1f s) | %.0f | %.2f | - | - |\n\n", after_seconds, after,
+              after / before);
   for (int m = 0; m < 2; ++m) {
     const MoveResult& r = *moves[m].result;
     std::printf("move %s at step %lld: %llu rows, %llu moved (%.1f%%; jump routing moves 1/3)\n",
