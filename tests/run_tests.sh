@@ -43,11 +43,13 @@ if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
     build-tsan/tests/client_integration_test
   TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
     build-tsan/tests/exchange_stream_test
-  # The shard under TSan (its async server's completion thread and pool):
-  # the regular integration suites against a TSan-built ember-server, whose
-  # first report ends it (and so fails the test).
+  # The shard under TSan (its async server's completion thread and pool,
+  # and online moves replacing its tables while it serves): the regular
+  # integration suites against a TSan-built ember-server, whose first
+  # report ends it (and so fails the test).
   export EMBER_SERVER_BIN="$PWD/build-tsan/server/ember-server"
-  for suite in server_integration_test exchange_stream_test client_integration_test; do
+  for suite in server_integration_test exchange_stream_test client_integration_test \
+      move_integration_test; do
     TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" build/tests/$suite
   done
   unset EMBER_SERVER_BIN
