@@ -1,8 +1,9 @@
 // What an online move costs a running trainer (issue 36): the reference
-// workload's pipelines at staleness s train against a 2-shard cluster while
+// workload's pipelines at staleness s (merged into one StepMerger, as
+// ember-trainer runs them by default) train against a 2-shard cluster while
 // it moves to 3 shards (a shard started with `ember-server --join`) and
 // back to 2 (ember/cluster_move.h). Each pipeline follows the cluster as a
-// trainer would: refused with ABORTED, it connects again
+// trainer would: refused with ABORTED, the node connects again
 // (Client::ConnectToCluster) and resumes at the step after the one every
 // shard applied (Client::AppliedStep).
 //
@@ -17,8 +18,10 @@
 // tests/server/move_integration_test.cc checks (row for row).
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,8 +32,10 @@
 #include "absl/time/clock.h"
 #include "bench/reference_workload.h"
 #include "bench/workload_flags.h"
+#include "common/status_macros.h"
 #include "ember/client.h"
 #include "ember/cluster_move.h"
+#include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 
 ABSL_FLAG(std::string, shards, "", "The cluster's two shards, host:port,host:port.");
@@ -41,6 +46,9 @@ ABSL_FLAG(double, compute_ms, 1, "Simulated compute per step (a sleep).");
 ABSL_FLAG(double, phase_seconds, 3, "Training before, between and after the two moves.");
 ABSL_FLAG(uint32_t, dim, 8, "Embedding dimension of every table.");
 ABSL_FLAG(int, batches, 256, "Distinct batches per pipeline, cycled.");
+ABSL_FLAG(bool, merge_pipelines, true,
+          "The pipelines share a StepMerger (one SSP worker), as ember-trainer runs them by "
+          "default; false: each is its own worker.");
 
 namespace ember::bench {
 namespace {
@@ -51,78 +59,111 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// One pipeline following the cluster until `stop`: the times its steps
-// completed (seconds since `start`) and the steps it trained.
+// One pipeline's steps: when each completed (seconds since the start),
+// how many it trained, how often a move refused it.
 struct Worker {
-  uint32_t id = 0;
   std::vector<double> step_done;
   int64_t steps = 0;
   int refusals = 0;
   absl::Status status;
 };
 
-void Train(ClientOptions options, const std::vector<FeatureSpec>& specs,
-           const std::vector<Batch>& ring, Clock::time_point start, const std::atomic<bool>& stop,
-           Worker* w) {
-  const int staleness = absl::GetFlag(FLAGS_staleness);
+// The node: a client and its pipelines (sharing a StepMerger, one SSP
+// worker, as the reference trainer runs them by default; or each its own
+// worker), rebuilt at the cut after every move.
+class Node {
+ public:
+  Node(ClientOptions options, const std::vector<FeatureSpec>& specs, int pipelines, bool merge)
+      : options_(std::move(options)), specs_(specs), pipelines_(pipelines), merge_(merge) {}
+
+  static uint32_t WorkerId(int p) { return 500 + static_cast<uint32_t>(p); }
+  static constexpr uint32_t kMergerId = 599;
+
+  // Connects (following a move) and makes the pipelines; after a move,
+  // each resumes at the step after the cut.
+  absl::Status Build(bool after_move) {
+    pipes_.clear();
+    merger_.reset();
+    client_.reset();
+    EMBER_ASSIGN_OR_RETURN(client_, Client::ConnectToCluster(options_));
+    options_.shards = client_->options().shards;
+    next_.assign(pipelines_, 0);
+    for (int p = 0; p < pipelines_ && after_move; ++p) {
+      EMBER_ASSIGN_OR_RETURN(const int64_t applied,
+                             client_->AppliedStep(merge_ ? kMergerId : WorkerId(p)));
+      next_[p] = applied + 1;
+    }
+    if (merge_) {
+      StepMergerOptions mo;
+      mo.ranks = pipelines_;
+      mo.worker_id = kMergerId;
+      mo.staleness = absl::GetFlag(FLAGS_staleness);
+      mo.first_step = next_[0];
+      EMBER_ASSIGN_OR_RETURN(merger_, StepMerger::Create(client_.get(), mo));
+    }
+    for (int p = 0; p < pipelines_; ++p) {
+      PipelineOptions o;
+      o.worker_id = WorkerId(p);
+      o.features = specs_;
+      o.staleness = absl::GetFlag(FLAGS_staleness);
+      o.first_step = next_[p];
+      o.merger = merger_.get();
+      o.merger_rank = p;
+      EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> pipe,
+                             StepPipeline::Create(client_.get(), o));
+      pipes_.push_back(std::move(pipe));
+    }
+    return absl::OkStatus();
+  }
+  // After a refusal: closes what is left (its unregistering is refused).
+  void Abandon() {
+    for (auto& pipe : pipes_) (void)pipe->Close();
+  }
+
+  StepPipeline& pipe(int p) { return *pipes_[p]; }
+  int64_t next(int p) const { return next_[p]; }
+  bool merged() const { return merge_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  ClientOptions options_;
+  const std::vector<FeatureSpec>& specs_;
+  const int pipelines_;
+  const bool merge_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<StepMerger> merger_;
+  std::vector<std::unique_ptr<StepPipeline>> pipes_;
+  std::vector<int64_t> next_;
+};
+
+// Pipeline p's steps on `node` from node.next(p) until time is up (then
+// every pipeline stops at one step, `stop_step`, as merged ranks must make
+// the same calls): OK, or the refusal or error that ended them.
+absl::Status TrainSteps(Node& node, int p, const std::vector<Batch>& ring, Clock::time_point start,
+                        const std::atomic<bool>& time_up, std::atomic<int64_t>& stop_step,
+                        Worker* w) {
   const auto compute = std::chrono::duration<double, std::milli>(absl::GetFlag(FLAGS_compute_ms));
-  int64_t next = 0;
-  while (!stop.load()) {
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::ConnectToCluster(options);
-    if (!client.ok()) {
-      w->status = client.status();
-      return;
+  StepPipeline& pipe = node.pipe(p);
+  int64_t prefetched = node.next(p);
+  for (int64_t t = node.next(p);; ++t) {
+    if (time_up.load()) {
+      int64_t unset = std::numeric_limits<int64_t>::max();
+      stop_step.compare_exchange_strong(unset, t + 8);
     }
-    options.shards = (*client)->options().shards;
-    if (w->refusals > 0) {
-      absl::StatusOr<int64_t> applied = (*client)->AppliedStep(w->id);
-      if (!applied.ok()) {
-        w->status = applied.status();
-        return;
-      }
-      next = *applied + 1;
-    }
-    PipelineOptions o;
-    o.worker_id = w->id;
-    o.features = specs;
-    o.staleness = staleness;
-    o.first_step = next;
-    absl::StatusOr<std::unique_ptr<StepPipeline>> pipe = StepPipeline::Create(client->get(), o);
-    if (!pipe.ok()) {
-      w->status = pipe.status();
-      return;
-    }
-    absl::Status s;
-    int64_t prefetched = next;
-    int64_t t = next;
-    for (; !stop.load() && s.ok(); ++t) {
-      for (; s.ok() && prefetched <= t + (*pipe)->prefetch_depth(); ++prefetched) {
-        s = (*pipe)->Prefetch(prefetched, ring[prefetched % ring.size()]);
-      }
-      if (!s.ok()) break;
-      absl::StatusOr<StepView> view = (*pipe)->Wait(t);
-      if (!view.ok()) {
-        s = view.status();
-        break;
-      }
-      std::this_thread::sleep_for(compute);
-      for (absl::Span<float> pooled : view->pooled) {
-        for (float& x : pooled) x *= 0.01f;
-      }
-      s = (*pipe)->Push(t, view->pooled);
-      if (s.ok()) w->step_done.push_back(Since(start));
-    }
-    if (s.ok()) s = (*pipe)->Close();
-    if (s.ok()) {
+    if (t >= stop_step.load()) {
       w->steps = t;
-      return;
+      return pipe.Close();
     }
-    if (!absl::IsAborted(s)) {
-      w->status = s;
-      return;
+    for (; prefetched <= t + pipe.prefetch_depth() && prefetched < stop_step.load(); ++prefetched) {
+      EMBER_RETURN_IF_ERROR(pipe.Prefetch(prefetched, ring[prefetched % ring.size()]));
     }
-    ++w->refusals;
-    (void)(*pipe)->Close();
+    EMBER_ASSIGN_OR_RETURN(StepView view, pipe.Wait(t));
+    std::this_thread::sleep_for(compute);
+    for (absl::Span<float> pooled : view.pooled) {
+      for (float& x : pooled) x *= 0.01f;
+    }
+    EMBER_RETURN_IF_ERROR(pipe.Push(t, view.pooled));
+    w->step_done.push_back(Since(start));
   }
 }
 
@@ -162,19 +203,46 @@ int Run() {
     BatchGenerator gen = workload.Generator(p);
     for (int b = 0; b < absl::GetFlag(FLAGS_batches); ++b) rings[p].push_back(gen.Next());
   }
-  std::printf("move_bench: %u cores, %d pipelines at s = %d, %.1f ms compute, dim %u; %s\n",
-              std::thread::hardware_concurrency(), n, absl::GetFlag(FLAGS_staleness),
-              absl::GetFlag(FLAGS_compute_ms), absl::GetFlag(FLAGS_dim),
-              workload.Describe().c_str());
+  std::printf("move_bench: %u cores, %d pipelines%s at s = %d, %.1f ms compute, dim %u; %s\n",
+              std::thread::hardware_concurrency(), n,
+              absl::GetFlag(FLAGS_merge_pipelines) ? " (merged)" : "",
+              absl::GetFlag(FLAGS_staleness), absl::GetFlag(FLAGS_compute_ms),
+              absl::GetFlag(FLAGS_dim), workload.Describe().c_str());
 
   const Clock::time_point start = Clock::now();
-  std::atomic<bool> stop{false};
+  std::atomic<bool> time_up{false};
+  std::atomic<int64_t> stop_step{std::numeric_limits<int64_t>::max()};
   std::vector<Worker> workers(n);
+  Node node(options, specs, n, absl::GetFlag(FLAGS_merge_pipelines));
+  if (absl::Status s = node.Build(/*after_move=*/false); !s.ok()) {
+    std::fprintf(stderr, "move_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  // A refused pipeline waits for the others here; the last to arrive
+  // rebuilds the node at the cut, and all go on from there.
+  absl::Status rebuilt;
+  std::barrier follow(n, [&]() noexcept {
+    node.Abandon();
+    rebuilt = node.Build(/*after_move=*/true);
+  });
   std::vector<std::thread> threads;
   for (int p = 0; p < n; ++p) {
-    workers[p].id = 500 + static_cast<uint32_t>(p);
-    threads.emplace_back(Train, options, std::cref(specs), std::cref(rings[p]), start,
-                         std::cref(stop), &workers[p]);
+    threads.emplace_back([&, p] {
+      Worker& w = workers[p];
+      for (;;) {
+        absl::Status s = TrainSteps(node, p, rings[p], start, time_up, stop_step, &w);
+        if (!absl::IsAborted(s)) {
+          w.status = s;
+          return;
+        }
+        ++w.refusals;
+        follow.arrive_and_wait();
+        if (!rebuilt.ok()) {
+          w.status = rebuilt;
+          return;
+        }
+      }
+    });
   }
   const auto phase = std::chrono::duration<double>(absl::GetFlag(FLAGS_phase_seconds));
   Move moves[2];
@@ -189,13 +257,13 @@ int Run() {
     moves[m].end = Since(start);
     std::this_thread::sleep_for(phase);
   }
-  stop = true;
+  time_up = true;
   for (auto& t : threads) t.join();
 
   std::vector<double> done;
   for (const Worker& w : workers) {
     if (!w.status.ok()) {
-      std::fprintf(stderr, "move_bench: worker %u: %s\n", w.id, w.status.ToString().c_str());
+      std::fprintf(stderr, "move_bench: a pipeline: %s\n", w.status.ToString().c_str());
       return 1;
     }
     done.insert(done.end(), w.step_done.begin(), w.step_done.end());
@@ -207,7 +275,8 @@ int Run() {
   };
   const double before = steps_between(moves[0].start - 2.0, moves[0].start) / 2.0;
   std::printf(
-      "\n| phase | steps/s (all pipelines) | of before | pushes held s | trainer gap s |\n");
+      "\n| phase | steps/s (all pipelines) | of before | pushes held s (cut, commit) | trainer "
+      "gap s |\n");
   std::printf("| --- | --- | --- | --- | --- |\n");
   std::printf("| before (2 s) | %.0f | 1.00 | - | - |\n", before);
   for (int m = 0; m < 2; ++m) {
@@ -223,16 +292,16 @@ int Run() {
       if (it != w.step_done.end()) gap = std::max(gap, *it - moves[m].start);
     }
     const double second = steps_between(moves[m].start, moves[m].start + 1.0);
-    std::printf("| move %s, the second from its start | %.0f | %.2f | %.3f | %.3f |\n",
+    std::printf("| move %s, the second from its start | %.0f | %.2f | %.3f (%.3f, %.3f) | %.3f |\n",
                 m == 0 ? "2 -> 3" : "3 -> 2", second, second / before,
-                moves[m].result->held_seconds, gap);
+                moves[m].result->held_seconds, moves[m].result->cut_seconds,
+                moves[m].result->commit_seconds, gap);
   }
   // After: from a second past the last move to the end.
   const double last = done.empty() ? 0 : done.back();
   const double after_seconds = std::max(0.1, last - (moves[1].end + 1.0));
   const double after = steps_between(moves[1].end + 1.0, last) / after_seconds;
-  std::printf("| after (%.1f s) | %.0f | %.2f | - | - |\n\n", after_seconds, after,
-              after / before);
+  std::printf("| after (%.1f s) | %.0f | %.2f | - | - |\n\n", after_seconds, after, after / before);
   for (int m = 0; m < 2; ++m) {
     const MoveResult& r = *moves[m].result;
     std::printf("move %s at step %lld: %llu rows, %llu moved (%.1f%%; jump routing moves 1/3)\n",
@@ -242,10 +311,10 @@ int Run() {
                 100.0 * static_cast<double>(r.moved_rows) / static_cast<double>(r.rows));
   }
   bool exact = true;
-  for (const Worker& w : workers) {
-    std::printf("worker %u: %lld steps, refused by %d moves\n", w.id,
-                static_cast<long long>(w.steps), w.refusals);
-    exact = exact && w.refusals == 2;
+  for (int p = 0; p < n; ++p) {
+    std::printf("pipeline %d: %lld steps, refused by %d moves\n", p,
+                static_cast<long long>(workers[p].steps), workers[p].refusals);
+    exact = exact && workers[p].refusals == 2;
   }
   std::printf("%s\n", exact ? "every pipeline followed both moves"
                             : "a pipeline was not refused by both moves");
