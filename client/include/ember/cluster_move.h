@@ -4,22 +4,25 @@
 //
 // The move is a cut at a step boundary, then a switch:
 //  1. The cut: a cluster checkpoint of the old shards at one step t with
-//     CheckpointRequest.hold_for_move. From then on every old shard holds
-//     the pushes of steps > t (lookups go on, reading the rows as of t).
+//     CheckpointRequest.hold_for_move. Once a shard has copied its tables,
+//     it refuses pushes of steps > t with UNAVAILABLE, which clients retry
+//     (lookups go on, reading the rows as of t).
 //  2. The switch: CommitMove on every shard of the new cluster (old shards
 //     that stay, and shards started with `ember-server --join`): each loads
-//     the rows the new routing gives it from every part of the cut, takes
-//     its new index, shard count and routing epoch (the old one + 1), and
-//     lets the held pushes go; they, and every later call of the old epoch,
-//     are refused with ABORTED, so no push is applied half under the old
-//     routing. Old shards not in the new cluster retire.
-// A trainer's client then connects again (Client::Connect with the new
-// addresses, which GetShardInfo lists) and re-sends its first refused step;
-// the clock carried through the cut makes every push apply exactly once.
+//     the rows the new routing gives it from every part of the cut and
+//     takes its new index, shard count and routing epoch (the old one + 1);
+//     from then on the retried pushes, and every call of the old epoch, are
+//     refused with ABORTED. No push after the cut is applied anywhere, so
+//     none is applied half under the old routing. Old shards not in the new
+//     cluster retire.
+// A trainer's client then connects again (Client::ConnectToCluster finds
+// the new addresses) and resumes at the step after the cut
+// (Client::AppliedStep); the clock carried through the cut makes every
+// push apply exactly once.
 //
 // What it costs: the pushes of every trainer wait from the cut until the
-// last commit, which reads the cut back (a checkpoint write and a resharded
-// restore of the moving cluster's rows; docs/operations.md has the figures).
+// last commit: a checkpoint write of every row and every new shard's read
+// of all of it (docs/measurements/2026-12-07-online-move.md).
 //
 // Needs: every part of the cut readable by every new shard at the path its
 // shard wrote it (a shared or the same file system), and the admin role.
