@@ -79,11 +79,6 @@ CpuStore::CpuStore(const TableConfig& config)
 
 CpuStore::~CpuStore() = default;
 
-uint8_t* CpuStore::Record(const Stripe& s, uint32_t row) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const size_t mask = (size_t{1} << chunk_shift_) - 1;
-  return s.chunks[row >> chunk_shift_].get() + (row & mask) * stride_;
-}
-
 uint32_t CpuStore::FindRow(const Stripe& s, uint64_t key, uint64_t hash) const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (!s.index) return kNoRow;
@@ -102,6 +97,37 @@ uint32_t CpuStore::FirstCandidate(const Stripe& s, uint64_t hash) const
     const uint32_t e = s.index[i];
     if (e == 0) return kNoRow;
     if ((e & 0xffu) == tag) return EntryRow(e);
+  }
+}
+
+void CpuStore::PrefetchIndexLines(const Batch& b, uint32_t stripe) const {
+  const uint32_t* index = stripes_[stripe].index_view.load(std::memory_order_relaxed);
+  const size_t mask = stripes_[stripe].index_mask_view.load(std::memory_order_relaxed);
+  if (!index) return;
+  for (uint32_t k = b.offsets[stripe]; k < b.offsets[stripe + 1]; ++k) {
+    Prefetch(index + (b.slots[k].hash & mask));
+  }
+}
+
+void CpuStore::CandidateRows(const Stripe& s, const Batch& b, uint32_t stripe,
+                             size_t record_bytes) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const uint32_t begin = b.offsets[stripe], end = b.offsets[stripe + 1];
+  if (s.size == 0) {
+    for (uint32_t k = begin; k < end; ++k) b.slots[k].row = kNoRow;
+    return;
+  }
+  // Each key's home index entry first: a tight loop of independent loads,
+  // so many index misses are in flight at once.
+  for (uint32_t k = begin; k < end; ++k) b.slots[k].row = s.index[b.slots[k].hash & s.index_mask];
+  for (uint32_t k = begin; k < end; ++k) {
+    Slot& slot = b.slots[k];
+    const uint32_t e = slot.row;
+    if (e == 0) {
+      slot.row = kNoRow;
+      continue;
+    }
+    slot.row = (e & 0xffu) == TagOf(slot.hash) ? EntryRow(e) : FirstCandidate(s, slot.hash);
+    if (slot.row != kNoRow) PrefetchSpan(Record(s, slot.row), record_bytes);
   }
 }
 
@@ -338,58 +364,20 @@ absl::StatusOr<FindResult> CpuStore::FindImpl(absl::Span<const uint64_t> keys, D
     Batch b;
     GroupByStripe(keys, base, count, &b);
     sc.pending.clear();
-    sc.index_views.resize(num_stripes_);
-    for (uint32_t si = 0; si < num_stripes_; ++si) {
-      sc.index_views[si] = {stripes_[si].index_view.load(std::memory_order_relaxed),
-                            stripes_[si].index_mask_view.load(std::memory_order_relaxed)};
-    }
-    // Three passes per stripe group, staggered so that each memory access
-    // was requested one pass earlier: (0) prefetch the index lines of the
-    // group (issued while the previous group copies), (1) probe the index
-    // and prefetch the candidate records, (2) confirm the keys and copy.
-    auto prefetch_index_lines = [&](uint32_t si) {
-      const auto& [index, mask] = sc.index_views[si];
-      if (!index) return;
-      for (uint32_t k = b.offsets[si]; k < b.offsets[si + 1]; ++k) {
-        Prefetch(index + (b.slots[k].hash & mask));
-      }
-    };
-    prefetch_index_lines(0);
-
+    // Three passes per stripe group, staggered (CandidateRows): the index
+    // lines of the next group are requested while this one copies.
+    PrefetchIndexLines(b, 0);
     for (uint32_t si = 0; si < num_stripes_; ++si) {
       const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
       if (begin == end) continue;
       Stripe& s = stripes_[si];
       ReaderLock lock(&s.mu);
-      if (s.size == 0) {
-        for (uint32_t k = begin; k < end; ++k) b.slots[k].row = kNoRow;
-      } else {
-        // (1a) Load each key's home index entry: a tight loop of independent
-        // loads, so many index misses are in flight at once.
-        for (uint32_t k = begin; k < end; ++k) {
-          b.slots[k].row = s.index[b.slots[k].hash & s.index_mask];
-        }
-        // (1b) Turn entries into candidate rows (probing on where the home
-        // entry is another key's) and prefetch the records.
-        for (uint32_t k = begin; k < end; ++k) {
-          Slot& slot = b.slots[k];
-          const uint32_t e = slot.row;
-          if (e == 0) {
-            slot.row = kNoRow;
-            continue;
-          }
-          slot.row = (e & 0xffu) == TagOf(slot.hash) ? EntryRow(e) : FirstCandidate(s, slot.hash);
-          if (slot.row != kNoRow) {
-            PrefetchSpan(Record(s, slot.row), value_offset_ + value_bytes_);
-          }
-        }
-      }
-      if (si + 1 < num_stripes_) prefetch_index_lines(si + 1);
+      CandidateRows(s, b, si, value_offset_ + value_bytes_);
+      if (si + 1 < num_stripes_) PrefetchIndexLines(b, si + 1);
       for (uint32_t k = begin; k < end; ++k) {
         const Slot& slot = b.slots[k];
         const uint64_t key = keys[slot.pos];
-        uint32_t r = slot.row;
-        if (r != kNoRow && RecordKey(Record(s, r)) != key) r = FindRow(s, key, slot.hash);
+        const uint32_t r = ConfirmedRow(s, slot, key);
         if (r != kNoRow) {
           uint8_t* rec = Record(s, r);
           CopyOut(rec, out_dtype, out + slot.pos * out_row);
@@ -465,22 +453,13 @@ absl::StatusOr<PushResult> CpuStore::ApplyGradientsImpl(absl::Span<const uint64_
   const uint32_t start = clock & (num_stripes_ - 1);
   // A push spreads over many stripes with few keys each, so the prefetching
   // runs across stripes: the index lines of the next stripe are requested
-  // (through the lock-free index views; a prefetch never faults) while this
-  // one is updated, and this stripe's records are requested, under its lock,
-  // before the first of them is touched.
-  auto prefetch_index_lines = [&](uint32_t si) {
-    const uint32_t* index = stripes_[si].index_view.load(std::memory_order_relaxed);
-    const size_t mask = stripes_[si].index_mask_view.load(std::memory_order_relaxed);
-    if (!index) return;
-    for (uint32_t k = b.offsets[si]; k < b.offsets[si + 1]; ++k) {
-      Prefetch(index + (b.slots[k].hash & mask));
-    }
-  };
-  prefetch_index_lines(start);
+  // while this one is updated, and this stripe's records are requested,
+  // under its lock, before the first of them is touched.
+  PrefetchIndexLines(b, start);
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     const uint32_t si = (start + i) & (num_stripes_ - 1);
     const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
-    if (i + 1 < num_stripes_) prefetch_index_lines((si + 1) & (num_stripes_ - 1));
+    if (i + 1 < num_stripes_) PrefetchIndexLines(b, (si + 1) & (num_stripes_ - 1));
     if (begin == end) continue;
     // Duplicates must be adjacent, in request order, to be summed in a
     // fixed order: sort the stripe's keys by hash, then position, unless

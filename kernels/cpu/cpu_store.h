@@ -38,6 +38,9 @@
 #include "kernels/embedding_store.h"
 
 namespace ember {
+namespace cpu_detail {
+struct Slot;  // kernels/cpu/cpu_store_layout.h
+}  // namespace cpu_detail
 
 class CpuStore final : public EmbeddingStore {
  public:
@@ -88,6 +91,17 @@ class CpuStore final : public EmbeddingStore {
   uint8_t* Record(const Stripe& s, uint32_t row) const;
   uint32_t FindRow(const Stripe& s, uint64_t key, uint64_t hash) const;
   uint32_t FirstCandidate(const Stripe& s, uint64_t hash) const;
+  // A staged find over the keys of one stripe in a Batch, so that the
+  // cache misses of many keys overlap, each access requested a pass before
+  // it is made: PrefetchIndexLines(b, stripe) (no lock: it reads the index
+  // views) while the stripe before is processed; then, under the stripe's
+  // lock, CandidateRows: each slot's row becomes the row its home index
+  // entry names (probing where that entry is another key's), or kNoRow,
+  // with `record_bytes` of its record requested; then, a pass later,
+  // ConfirmedRow(slot, key): the key's row, or kNoRow.
+  void PrefetchIndexLines(const Batch& b, uint32_t stripe) const;
+  void CandidateRows(const Stripe& s, const Batch& b, uint32_t stripe, size_t record_bytes) const;
+  uint32_t ConfirmedRow(const Stripe& s, const cpu_detail::Slot& slot, uint64_t key) const;
   uint32_t SlotOfRow(const Stripe& s, uint64_t hash, uint32_t row) const;
   // Inserts an absent key with its initial row and state (or, with
   // `initialize` false, with whatever the caller writes next); returns its

@@ -1,6 +1,7 @@
 // The CPU store's record layout, stripes and per-thread scratch, shared by
-// its two source files (cpu_store.cc: lookups, pushes and row management;
-// cpu_store_snapshot.cc: erase, export, import, snapshots and TTL expiry).
+// its source files (cpu_store.cc: lookups, pushes and row management;
+// cpu_store_peek.cc: the early fetch's peek; cpu_store_snapshot.cc: erase,
+// export, import, snapshots and TTL expiry).
 // Internal to kernels/cpu/.
 #pragma once
 
@@ -72,7 +73,6 @@ struct Scratch {
   std::vector<uint32_t> offsets;
   std::vector<uint32_t> cursors;
   std::vector<uint32_t> pending;
-  std::vector<std::pair<const uint32_t*, size_t>> index_views;
 };
 inline Scratch& LocalScratch() {
   thread_local Scratch scratch;
@@ -110,6 +110,20 @@ struct alignas(64) CpuStore::Stripe {
   std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);
   std::vector<uint64_t> changed ABSL_GUARDED_BY(mu);
 };
+
+// Inline: called per key from both source files.
+inline uint8_t* CpuStore::Record(const Stripe& s,
+                                 uint32_t row) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const size_t mask = (size_t{1} << chunk_shift_) - 1;
+  return s.chunks[row >> chunk_shift_].get() + (row & mask) * stride_;
+}
+
+inline uint32_t CpuStore::ConfirmedRow(const Stripe& s, const Slot& slot, uint64_t key) const {
+  if (slot.row == cpu_detail::kNoRow || cpu_detail::RecordKey(Record(s, slot.row)) == key) {
+    return slot.row;
+  }
+  return FindRow(s, key, slot.hash);
+}
 
 // A sub-batch grouped by stripe: slots[offsets[s]..offsets[s+1]) are the keys
 // of stripe s, in request order.

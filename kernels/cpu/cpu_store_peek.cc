@@ -21,30 +21,28 @@ absl::Status CpuStore::PeekImpl(absl::Span<const uint64_t> keys, const PeekedRow
   const size_t sub = cpu_detail::SubBatchKeys(value_bytes_ + state_floats_ * sizeof(float));
   // Keys grouped by stripe, each stripe under its reader lock once: pushes
   // write a row and its state under the writer lock, so both are read
-  // whole. Two passes per stripe: find every row and prefetch its record,
-  // then copy, so that the records' cache misses overlap.
+  // whole. The staged find of a lookup (CandidateRows), then the copy.
   for (size_t base = 0; base < keys.size(); base += sub) {
     const size_t count = std::min(sub, keys.size() - base);
     Batch b;
     GroupByStripe(keys, base, count, &b);
+    PrefetchIndexLines(b, 0);
     for (uint32_t si = 0; si < num_stripes_; ++si) {
       const uint32_t begin = b.offsets[si], end = b.offsets[si + 1];
       if (begin == end) continue;
       const Stripe& s = stripes_[si];
       ReaderLock lock(&s.mu);
-      for (uint32_t k = begin; k < end; ++k) {
-        Slot& slot = b.slots[k];
-        slot.row = s.size == 0 ? kNoRow : FindRow(s, keys[slot.pos], slot.hash);
-        if (slot.row != kNoRow) PrefetchSpan(Record(s, slot.row), stride_);
-      }
+      CandidateRows(s, b, si, stride_);
+      if (si + 1 < num_stripes_) PrefetchIndexLines(b, si + 1);
       for (uint32_t k = begin; k < end; ++k) {
         const Slot& slot = b.slots[k];
         const size_t i = slot.pos;
+        const uint32_t row = ConfirmedRow(s, slot, keys[i]);
         float* values = out.values.data() + i * dim_;
         float* state = state_floats_ > 0 ? out.state.data() + i * state_floats_ : nullptr;
-        out.stored[i] = slot.row != kNoRow ? 1 : 0;
-        if (slot.row != kNoRow) {
-          uint8_t* rec = Record(s, slot.row);
+        out.stored[i] = row != kNoRow ? 1 : 0;
+        if (row != kNoRow) {
+          uint8_t* rec = Record(s, row);
           CopyOut(rec, DType::kFp32, reinterpret_cast<uint8_t*>(values));
           if (state_floats_ > 0) memcpy(state, rec + state_offset_, state_floats_ * sizeof(float));
           if (has_step_) out.steps[i] = *StepOf(rec);
