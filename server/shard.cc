@@ -55,6 +55,13 @@ Shard::Shard(ShardOptions options) : options_(options) {
     placement->joining = true;
     placement->epoch = 0;
   }
+  WriterLock lock(&mu_);
+  SetPlacement(std::move(placement));
+}
+
+void Shard::SetPlacement(std::shared_ptr<const ShardPlacement> placement) {
+  serving_epoch_.store(placement->joining || placement->retired ? kNotServing : placement->epoch,
+                       std::memory_order_release);
   placement_ = std::move(placement);
 }
 
@@ -155,6 +162,8 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
 }
 
 absl::Status Shard::CheckRoutingEpoch(uint64_t epoch, absl::string_view rpc) const {
+  const uint64_t serving = serving_epoch_.load(std::memory_order_acquire);
+  if (serving != kNotServing && (epoch == 0 || epoch == serving)) return absl::OkStatus();
   const std::shared_ptr<const ShardPlacement> p = placement();
   if (p->joining) {
     return absl::UnavailableError(absl::StrCat(

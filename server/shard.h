@@ -346,6 +346,13 @@ class Shard {
   std::mutex snapshot_mu_;           // one Snapshot at a time
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const ShardPlacement> placement_ ABSL_GUARDED_BY(mu_);
+  // placement_'s epoch while it serves (neither joining nor retired), else
+  // kNotServing: CheckRoutingEpoch, on every call, reads this, not mu_.
+  // Written with placement_, under mu_'s writer lock.
+  static constexpr uint64_t kNotServing = ~uint64_t{0};
+  std::atomic<uint64_t> serving_epoch_{kNotServing};
+  void SetPlacement(std::shared_ptr<const ShardPlacement> placement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<bool> move_held_{false};    // between a move's cut and its end
   std::atomic<int64_t> move_step_{-1};    // the cut
   std::atomic<int> untracked_pushes_{0};  // pushes of unregistered workers under way

@@ -155,7 +155,7 @@ void Shard::Install(std::vector<RestoredTable> restored,
     WriterLock lock(&mu_);
     for (auto& [name, table] : tables_) table->moved_out.store(true, std::memory_order_release);
     tables_.swap(tables);
-    placement_ = std::move(placement);
+    SetPlacement(std::move(placement));
     restored_from_ = source;
   }
   written_.ForgetAll();  // every row may differ from what a trainer peeked
