@@ -39,6 +39,13 @@ void PipelineTelemetry::Span(bool network, const char* name, absl::Time start, i
                  std::move(args));
 }
 
+void PipelineTelemetry::SpanEnded(bool network, const char* name, absl::Time start, absl::Time end,
+                                  int64_t step) {
+  if (trace_ == nullptr) return;
+  trace_->Record(Track(network ? kNetworkThread : kTrainerThread), name, start, end,
+                 absl::StrCat("\"step\":", step));
+}
+
 void PipelineTelemetry::ExchangeSpans(absl::Time start, uint32_t shards, const int64_t* push_step,
                                       const int64_t* fetch_step, bool ok,
                                       const std::vector<ShardCall>& calls) {

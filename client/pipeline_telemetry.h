@@ -31,6 +31,8 @@ class PipelineTelemetry {
   // A span of the trainer's or the network thread's track, for step `step`.
   void Span(bool network, const char* name, absl::Time start, int64_t step,
             std::string args = "");
+  // A span that ended at `end` (measured by other code), not now.
+  void SpanEnded(bool network, const char* name, absl::Time start, absl::Time end, int64_t step);
   // One Exchange round (network track) and its per-shard attempts.
   void ExchangeSpans(absl::Time start, uint32_t shards, const int64_t* push_step,
                      const int64_t* fetch_step, bool ok, const std::vector<ShardCall>& calls);

@@ -164,6 +164,7 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
   MergedStep* refetch = nullptr;  // the step after the push, fetched after it
   std::vector<const float*> peeked;  // its early-fetched rows
   if (first.push_step) {
+    parts[leader]->sum_start = absl::Now();
     MergedStep& m = *steps_.at(*first.push_step);
     // Every merged key is some rank's, so its first rank writes its row
     // and the later ones add to it: nothing is zeroed first.
@@ -177,6 +178,7 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
         if (fresh_[u]) memset(sum_at_[tb][u], 0, size_t{dims_[tb]} * sizeof(float));
       }
     }
+    parts[leader]->sum_end = absl::Now();
     const int64_t next = *first.push_step + 1;
     if (early_ && early_->pending() == next) {
       EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(leader, parts, next, &requests));
@@ -337,6 +339,8 @@ absl::StatusOr<bool> StepMergerImpl::PatchNext(int leader, const std::vector<Par
   if (patched) {
     const absl::Time start = absl::Now();
     EMBER_ASSIGN_OR_RETURN(std::vector<const float*> rows, early_->Patch(sum_at_));
+    parts[leader]->update_start = start;
+    parts[leader]->update_end = absl::Now();
     // Each rank's rows are delivered (pooled into its pipeline) by
     // whichever thread of the round claims it first: the leader and the
     // ranks' threads waiting in Merge, which are woken for it. On two

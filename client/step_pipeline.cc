@@ -515,7 +515,9 @@ class StepPipeline::Impl {
     std::vector<v1::ExchangeRequest> requests(shards);
     Step* refetch = nullptr;  // the step after the push, fetched after it after all
     if (push) {
+      const absl::Time backward = absl::Now();
       EMBER_ASSIGN_OR_RETURN(const std::vector<const float*> grads, sink_->Gradients(*push));
+      telemetry_->Span(/*network=*/true, "Backward", backward, push->step);
       if (early_ && early_->pending() == push->step + 1) {
         Step* next = LiveStep(push->step + 1);
         EMBER_ASSIGN_OR_RETURN(const bool patched, PatchNext(*next, grads));
@@ -609,6 +611,7 @@ class StepPipeline::Impl {
     }
     const absl::Time start = absl::Now();
     EMBER_ASSIGN_OR_RETURN(const std::vector<const float*> rows, early_->Patch(grads));
+    telemetry_->Span(/*network=*/true, "Update", start, next.step);
     const std::vector<std::vector<uint64_t>>& keys = Fetched(next);
     rows_at_.resize(tables_.size());
     for (size_t tb = 0; tb < tables_.size(); ++tb) {
@@ -660,7 +663,9 @@ class StepPipeline::Impl {
     internal::StepMergerImpl::Part part;
     if (push) {
       part.push_step = push->step;
+      const absl::Time backward = absl::Now();
       EMBER_ASSIGN_OR_RETURN(part.grads, sink_->Gradients(*push));
+      telemetry_->Span(/*network=*/true, "Backward", backward, push->step);
     }
     if (fetch) {
       Dedup(*fetch);
@@ -675,6 +680,13 @@ class StepPipeline::Impl {
     const absl::Time start = absl::Now();
     absl::Status status = internal::MergerImpl(options_.merger)->Merge(options_.merger_rank, &part);
     telemetry_->Span(/*network=*/true, "Merged exchange", start, fetch ? fetch->step : push->step);
+    if (push && part.sum_end != absl::Time()) {  // this rank led the round
+      telemetry_->SpanEnded(/*network=*/true, "Sum", part.sum_start, part.sum_end, push->step);
+      if (part.update_end != absl::Time()) {
+        telemetry_->SpanEnded(/*network=*/true, "Update", part.update_start, part.update_end,
+                              push->step + 1);
+      }
+    }
     if (push) {
       CountBytes(*push, part.bytes_sent, 0, 0);
       sink_->Release(*push);

@@ -79,6 +79,11 @@ class StepMergerImpl {
     // evenly over the ranks.
     uint64_t bytes_sent = 0;
     uint64_t bytes_received = 0;
+    // Out, on the part of the rank that led the round only (for its
+    // timeline): when it summed the ranks' gradients, and, with early
+    // fetch, when it brought the next step's rows forward (the optimizer
+    // update; their delivery follows).
+    absl::Time sum_start, sum_end, update_start, update_end;
   };
   // Blocks until every rank has handed its part and the merged exchange is
   // done; returns its status (the same for every rank).

@@ -8,6 +8,7 @@
 // pipeline fetch after the push instead, still exactly.
 #include <barrier>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "ember/client.h"
 #include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
+#include "ember/trace.h"
 #include "gtest/gtest.h"
 #include "tests/client/shard_way.h"
 #include "tests/server/requests.h"
@@ -83,6 +85,7 @@ struct RunOptions {
   // At each Wait, check the one-hot rows against a lookup issued then
   // (bit for bit): the rows plain s = 0 would give at that moment.
   bool check_against_lookup = true;
+  TraceRecorder* trace = nullptr;  // every pipeline's timeline, if set
 };
 
 class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
@@ -149,6 +152,7 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
       po.early_fetch = ro.early;
       po.merger = mergers.empty() ? nullptr : mergers[r / ro.ranks].get();
       po.merger_rank = r % ro.ranks;
+      po.trace = ro.trace;
       EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> p, StepPipeline::Create(client_, po));
       pipes.push_back(std::move(p));
     }
@@ -383,6 +387,40 @@ TEST_P(EarlyFetchTest,
        TwoMergedNodesFetchOnlyTheChangedRowsAfterTheBarrierAndSeeExactlyALookupThen) {
   ASSERT_OK(client_->CreateTable(AdagradTable("two_nodes", kDim)));
   ExpectTwoWorkersFetchOnlyChangedRows("two_nodes", /*ranks=*/2, /*first_worker_id=*/20);
+}
+
+// The timeline shows the synchronous critical path (bench/critical_path.py
+// reads it): every rank's Backward per push, the leading rank's Sum per
+// merged push, its Update per step brought forward, and each rank's Patch.
+TEST_P(EarlyFetchTest, MergedTimelineHasTheCriticalPathsBackwardSumUpdateAndPatchSpans) {
+  ASSERT_OK(client_->CreateTable(AdagradTable("timeline", kDim)));
+  TraceRecorder trace;
+  RunOptions ro;
+  ro.table = "timeline";
+  ro.ranks = 2;
+  ro.first_worker_id = 30;
+  ro.check_against_lookup = false;
+  ro.trace = &trace;
+  std::vector<PipelineStats> stats;
+  ASSERT_OK(RunForTest(ro, &stats));
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].steps_patched, stats[1].steps_patched);
+  ExpectMostStepsFetchedEarly(stats[0].steps_patched, 2);
+  const std::string path = TempPath("ember_early_trace.json");
+  ASSERT_OK(trace.WriteJson(path));
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  auto spans = [&](const std::string& name) {
+    const std::string what = absl::StrCat("\"name\":\"", name, "\"");
+    size_t n = 0;
+    for (size_t at = json.find(what); at != std::string::npos; at = json.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(spans("Backward"), size_t{2 * kSteps});
+  EXPECT_EQ(spans("Sum"), size_t{kSteps});
+  EXPECT_EQ(spans("Update"), stats[0].steps_patched);
+  EXPECT_EQ(spans("Patch"), 2 * stats[0].steps_patched);
+  EXPECT_EQ(trace.dropped(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothChannels, EarlyFetchTest, kEveryShardWay, ShardWayName);

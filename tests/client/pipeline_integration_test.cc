@@ -602,6 +602,7 @@ TEST_P(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
   EXPECT_EQ(Count(json, "\"name\":\"Wait\""), size_t{kSteps});
   EXPECT_EQ(Count(json, "\"name\":\"Push\""), size_t{kSteps});
   EXPECT_EQ(Count(json, "\"name\":\"Pool\""), size_t{kSteps});
+  EXPECT_EQ(Count(json, "\"name\":\"Backward\""), size_t{kSteps});
   for (int64_t t = 0; t < kSteps; ++t) {  // every fetch and push went out in some round trip
     EXPECT_EQ(Count(json, absl::StrCat("\"fetch_step\":", t, ",")), 1u) << t;
     EXPECT_EQ(Count(json, absl::StrCat("\"push_step\":", t, ",")), 1u) << t;
