@@ -56,6 +56,14 @@ inline std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name);
 }
 
+// How many times `what` occurs in `text` (e.g. spans of one name in a
+// trace's JSON).
+inline size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // The names of the threads of process `pid` (0: this one), from /proc.
 inline std::vector<std::string> ThreadNames(pid_t pid = 0) {
   std::vector<std::string> names;

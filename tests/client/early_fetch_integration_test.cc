@@ -411,10 +411,7 @@ TEST_P(EarlyFetchTest, MergedTimelineHasTheCriticalPathsBackwardSumUpdateAndPatc
   std::ifstream in(path);
   const std::string json((std::istreambuf_iterator<char>(in)), {});
   auto spans = [&](const std::string& name) {
-    const std::string what = absl::StrCat("\"name\":\"", name, "\"");
-    size_t n = 0;
-    for (size_t at = json.find(what); at != std::string::npos; at = json.find(what, at + 1)) ++n;
-    return n;
+    return Count(json, absl::StrCat("\"name\":\"", name, "\""));
   };
   EXPECT_EQ(spans("Backward"), size_t{2 * kSteps});
   EXPECT_EQ(spans("Sum"), size_t{kSteps});

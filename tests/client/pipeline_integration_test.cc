@@ -562,12 +562,6 @@ TEST_P(PipelineOnServersTest, ShardKilledAndRestartedMidRunOnStreamsCostsRetries
 
 // ---- The timeline (PipelineOptions::trace).
 
-size_t Count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 // With metrics too, so that the sanitizer builds run the pipeline's
 // metric updates (the exact values are checked in metrics_integration_test).
 TEST_P(PipelineIntegrationTest, TimelineIsChromeTraceJsonWithEveryStepsSpans) {
