@@ -80,6 +80,7 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
   ++arrived_;
   const uint64_t generation = generation_;
   if (arrived_ < options_.ranks) {
+    SumArrived(lock);
     // The timeout is for the other ranks to arrive; once the round runs, its
     // RPCs have their own deadlines (and the leader writes into this part).
     const auto deadline = absl::ToChronoTime(absl::Now() + options_.timeout);
@@ -106,21 +107,69 @@ absl::Status StepMergerImpl::Merge(int rank, Part* part) {
       cv_.notify_all();
     }
     if (generation_ != generation) return round_status_;
+    // Failed: a rank still summing reads the parts, this one's included.
+    AwaitSummer(lock);
     return failed_;
   }
-  // The last rank to arrive runs the round.
+  // The last rank to arrive runs the round, once no rank is summing.
   std::vector<Part*> parts = parts_;
   running_ = true;
+  AwaitSummer(lock);
+  const int summed = summed_ranks_;
   lock.unlock();
-  absl::Status status = RunRound(rank, parts);
+  absl::Status status = RunRound(rank, parts, summed);
   lock.lock();
   running_ = false;
   round_status_ = status;
   parts_.assign(options_.ranks, nullptr);
   arrived_ = 0;
+  summed_ranks_ = 0;
   ++generation_;
   cv_.notify_all();
   return status;
+}
+
+void StepMergerImpl::SumArrived(std::unique_lock<std::mutex>& lock) {
+  // Only into requests prepared for this very push (PreparePush), which
+  // the round then sends: the leader checks the ranks are in step.
+  auto next = [&]() -> const Part* {
+    if (summing_ || running_ || !failed_.ok() || summed_ranks_ >= options_.ranks) return nullptr;
+    const Part* p = parts_[summed_ranks_];
+    if (p == nullptr || !p->push_step || prepared_push_ != p->push_step) return nullptr;
+    return p;
+  };
+  for (const Part* p = next(); p != nullptr; p = next()) {
+    const int r = summed_ranks_;
+    summing_ = true;
+    lock.unlock();
+    SumRank(r, *p);
+    lock.lock();
+    summing_ = false;
+    ++summed_ranks_;
+    ++stats_.ranks_summed_early;
+  }
+}
+
+void StepMergerImpl::AwaitSummer(std::unique_lock<std::mutex>& lock) {
+  // A summer is done within one rank's sums (microseconds): yield to it
+  // rather than sleep and wait to be woken, which on a busy node costs
+  // more than the sums.
+  while (summing_) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+}
+
+void StepMergerImpl::SumRank(int r, const Part& part) {
+  const MergedStep& m = *steps_.at(*part.push_step);
+  fresh_.resize(tables_.size());
+  for (size_t tb = 0; tb < tables_.size(); ++tb) {
+    // Every merged key is some rank's, so its first rank writes its row
+    // and the later ones add to it: nothing is zeroed first.
+    if (r == 0) fresh_[tb].assign(m.keys[tb].size(), 1);
+    ScatterAddRows(m.map[r][tb], part.grads[tb], dims_[tb], sum_at_[tb].data(), fresh_[tb].data());
+  }
 }
 
 absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const {
@@ -140,7 +189,7 @@ absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const 
   return absl::OkStatus();
 }
 
-absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& parts) {
+absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& parts, int summed) {
   EMBER_RETURN_IF_ERROR(CheckInStep(parts));
   const Part& first = *parts[0];
   const size_t tables = tables_.size();
@@ -154,6 +203,7 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
     requests = std::move(prepared_);
     sent = prepared_bytes_;
   } else {
+    summed = 0;  // SumArrived sums into prepared requests only
     requests.assign(shards, v1::ExchangeRequest());
     if (first.push_step) {
       EMBER_ASSIGN_OR_RETURN(sent, PreparePush(*first.push_step, &requests));
@@ -165,17 +215,10 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
   std::vector<const float*> peeked;  // its early-fetched rows
   if (first.push_step) {
     parts[leader]->sum_start = absl::Now();
-    MergedStep& m = *steps_.at(*first.push_step);
-    // Every merged key is some rank's, so its first rank writes its row
-    // and the later ones add to it: nothing is zeroed first.
+    for (int r = summed; r < ranks; ++r) SumRank(r, *parts[r]);
     for (size_t tb = 0; tb < tables; ++tb) {
-      fresh_.assign(m.keys[tb].size(), 1);
-      for (int r = 0; r < ranks; ++r) {
-        ScatterAddRows(m.map[r][tb], parts[r]->grads[tb], dims_[tb], sum_at_[tb].data(),
-                       fresh_.data());
-      }
-      for (size_t u = 0; u < fresh_.size(); ++u) {  // none, by construction
-        if (fresh_[u]) memset(sum_at_[tb][u], 0, size_t{dims_[tb]} * sizeof(float));
+      for (size_t u = 0; u < fresh_[tb].size(); ++u) {  // none, by construction
+        if (fresh_[tb][u]) memset(sum_at_[tb][u], 0, size_t{dims_[tb]} * sizeof(float));
       }
     }
     parts[leader]->sum_end = absl::Now();

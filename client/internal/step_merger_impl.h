@@ -80,9 +80,9 @@ class StepMergerImpl {
     uint64_t bytes_sent = 0;
     uint64_t bytes_received = 0;
     // Out, on the part of the rank that led the round only (for its
-    // timeline): when it summed the ranks' gradients, and, with early
-    // fetch, when it brought the next step's rows forward (the optimizer
-    // update; their delivery follows).
+    // timeline): when it summed the gradients of the ranks not summed
+    // before it arrived, and, with early fetch, when it brought the next
+    // step's rows forward (the optimizer update; their delivery follows).
     absl::Time sum_start, sum_end, update_start, update_end;
   };
   // Blocks until every rank has handed its part and the merged exchange is
@@ -91,8 +91,22 @@ class StepMergerImpl {
 
  private:
   struct MergedStep;
-  // The leader's work, on the parts of one round; no lock held.
-  absl::Status RunRound(int leader, const std::vector<Part*>& parts);
+  // The leader's work, on the parts of one round, whose ranks below
+  // `summed` are summed already (SumArrived); no lock held.
+  absl::Status RunRound(int leader, const std::vector<Part*>& parts, int summed);
+  // Adds the push gradients of the ranks that have arrived to the sums in
+  // the prepared push requests, in rank order from summed_ranks_ on while
+  // the next rank's part is here, so that the last rank to arrive has only
+  // the rest left to sum; rank order keeps the sums' bits independent of
+  // who arrives when. Called by an arriving rank holding `lock`, which it
+  // gives up while it sums; one summer at a time.
+  void SumArrived(std::unique_lock<std::mutex>& lock);
+  // Returns, holding `lock`, once no thread is summing (the leader before
+  // its round; a rank leaving a failed round, whose part a summer may read).
+  void AwaitSummer(std::unique_lock<std::mutex>& lock);
+  // Adds rank r's gradients of the pushed step to the sums (rank 0 writes
+  // them). The caller is the round's only summer.
+  void SumRank(int r, const Part& part);
   // Early fetch: brings the step after the round's push forward and hands
   // each rank its rows (true), or leaves it to be fetched after the push
   // (false). Adds the lookup of that step to `requests`.
@@ -128,6 +142,10 @@ class StepMergerImpl {
   absl::Status round_status_ ABSL_GUARDED_BY(mu_);  // of the last completed round
   absl::Status failed_ ABSL_GUARDED_BY(mu_);        // sticky: a rank timed out
   StepMergerStats stats_ ABSL_GUARDED_BY(mu_);
+  // This round's ranks summed so far (SumArrived), and whether a thread is
+  // summing now.
+  int summed_ranks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool summing_ ABSL_GUARDED_BY(mu_) = false;
   // The patched step's rows being handed to the ranks (PatchNext); null
   // when none is. The leader sets it up and waits until every rank's is done.
   struct Delivery {
@@ -165,7 +183,8 @@ class StepMergerImpl {
   std::vector<v1::ExchangeRequest> prepared_;
   std::optional<int64_t> prepared_push_;
   uint64_t prepared_bytes_ = 0;
-  std::vector<uint8_t> fresh_;  // per merged key of a table: no rank's row added yet
+  // Per table, per merged key of the pushed step: no rank's row added yet.
+  std::vector<std::vector<uint8_t>> fresh_;
   std::vector<std::vector<const char*>> row_at_;
   // The last round's answers, which the ranks' rows_at point into: kept
   // until the next round, which starts only once every rank is done with

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -922,6 +923,67 @@ TEST_P(PipelineIntegrationTest, StepMergerRefusesRanksOutOfStepAndTimesOutNaming
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
   EXPECT_NE(late.message().find("for rank(s) 1"), std::string::npos) << late;
   EXPECT_EQ(rounds->Merge(1, &p1), late) << "every later call fails the same way";
+}
+
+// Ranks that arrive while a push round waits for the others sum their
+// gradients early, off the critical path, but never ahead of a lower rank:
+// the sums have the bits of rank order whoever arrives when. The gradients
+// (1e8, 1, -1e8, 1 per element) sum to 1 in rank order and to 0 in the
+// arrival order used here (1, 0, 3, 2).
+TEST_P(PipelineIntegrationTest, StepMergerSumsGradientsInRankOrderWhateverTheArrivalOrder) {
+  StartShards(2);
+  constexpr int kRanks = 4;
+  StepMergerOptions mo;
+  mo.ranks = kRanks;
+  mo.staleness = -1;
+  auto merger = StepMerger::Create(client_.get(), mo);
+  ASSERT_OK(merger);
+  internal::StepMergerImpl* rounds = internal::MergerImpl(merger->get());
+  for (int r = 0; r < kRanks; ++r) ASSERT_OK(rounds->Join(r, {"a"}, {kDim}));
+  constexpr uint64_t kKey = 7;
+  const std::vector<std::vector<uint64_t>> keys = {{kKey}};
+  // Each rank calls Merge in `order`, 150 ms after the one before.
+  auto round = [&](const std::vector<int>& order,
+                   std::vector<internal::StepMergerImpl::Part>& parts) {
+    std::vector<absl::Status> status(kRanks);
+    std::vector<std::thread> threads;
+    for (int r : order) {
+      threads.emplace_back([&, r] { status[r] = rounds->Merge(r, &parts[r]); });
+      absl::SleepFor(absl::Milliseconds(150));
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) EXPECT_OK(status[r]) << "rank " << r;
+  };
+  std::vector<internal::StepMergerImpl::Part> fetch(kRanks);
+  for (auto& p : fetch) {
+    p.fetch_step = 0;
+    p.keys = &keys;
+  }
+  round({0, 1, 2, 3}, fetch);
+  const float by_rank[kRanks] = {1e8f, 1.0f, -1e8f, 1.0f};
+  std::vector<std::vector<float>> grads(kRanks);
+  std::vector<internal::StepMergerImpl::Part> push(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    grads[r].assign(kDim, by_rank[r]);
+    push[r].push_step = 0;
+    push[r].grads = {grads[r].data()};
+  }
+  round({1, 0, 3, 2}, push);
+  if (HasFailure()) return;
+  // Rank 0 summed itself and rank 1 on arrival; rank 2, last, the rest.
+  EXPECT_EQ((*merger)->Stats().ranks_summed_early, 2u);
+  // The shard applied a summed gradient of exactly 1 per element.
+  TableConfig config = *TableConfigFromProto(*NormalizeTableConfig(SmallTable("a", 1)));
+  std::unique_ptr<EmbeddingStore> reference = *NewCpuStore(config);
+  std::vector<float> expected(kDim), one(kDim, 1.0f);
+  ASSERT_OK(reference->FindOrInsert({kKey}, DType::kFp32, MutableBytes(expected)));
+  ASSERT_OK(reference->ApplyGradients({kKey}, DType::kFp32, Bytes(one)));
+  ASSERT_OK(reference->Find({kKey}, DType::kFp32, MutableBytes(expected)));
+  absl::StatusOr<std::vector<float>> served = client_->LookupRows("a", {kKey});
+  ASSERT_OK(served);
+  ASSERT_EQ(served->size(), expected.size());
+  EXPECT_EQ(memcmp(served->data(), expected.data(), expected.size() * sizeof(float)), 0)
+      << "served " << (*served)[0] << ", expected " << expected[0];
 }
 
 // ---- The device path (PipelineOptions::device). Its GPU cases skip here

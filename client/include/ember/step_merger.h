@@ -68,6 +68,9 @@ struct StepMergerStats {
   int64_t fetch_rounds = 0;   // of which carried a fetch
   uint64_t rank_keys = 0;     // unique keys the ranks asked for, summed over ranks
   uint64_t merged_keys = 0;   // keys fetched after merging
+  // Ranks' push gradients summed while the round still waited for a rank
+  // (off the critical path), out of ranks x pushing rounds.
+  uint64_t ranks_summed_early = 0;
 };
 
 class StepMerger;
