@@ -84,7 +84,9 @@ ABSL_FLAG(uint32_t, worker_id_base, 0,
           "cluster (give each its own --seed too).");
 ABSL_FLAG(std::string, modes, "no_embeddings,off,on,early",
           "Which rows to run, comma-separated: no_embeddings (and its lockstep row), off "
-          "(prefetch off), on (prefetch on), early (early fetch, at staleness 0).");
+          "(prefetch off), on (prefetch on), early (early fetch, at staleness 0), early_refetch "
+          "(early fetch with the rows the node's own push changes fetched after the push instead "
+          "of brought forward on the trainer: PipelineOptions::early_fetch_patch = false).");
 ABSL_FLAG(int, batches, 256,
           "Distinct batches per pipeline, drawn up front and cycled (unless --fresh_ids).");
 
@@ -228,12 +230,25 @@ std::unique_ptr<BatchSource> Batches(const WorkloadFlags& w, const std::vector<s
 }
 
 // How an Ember run fetches: after Prefetch(t) only (off), ahead (on), or
-// ahead with the early fetch at s = 0.
-enum class Fetch { kOff, kOn, kEarly };
+// ahead with the early fetch at s = 0, its own rows patched on the trainer
+// or fetched after the push.
+enum class Fetch { kOff, kOn, kEarly, kEarlyRefetch };
 
 const char* FetchName(Fetch f) {
-  return f == Fetch::kOff ? "prefetch off" : f == Fetch::kOn ? "prefetch on" : "early fetch";
+  switch (f) {
+    case Fetch::kOff:
+      return "prefetch off";
+    case Fetch::kOn:
+      return "prefetch on";
+    case Fetch::kEarly:
+      return "early fetch";
+    case Fetch::kEarlyRefetch:
+      return "early, refetched";
+  }
+  return "";
 }
+
+bool IsEarly(Fetch f) { return f == Fetch::kEarly || f == Fetch::kEarlyRefetch; }
 
 RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker_base,
                    const std::vector<FeatureSpec>& specs, const WorkloadFlags& workload,
@@ -250,7 +265,8 @@ RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker
     mo.ranks = c.pipelines;
     mo.worker_id = worker_base + 99;  // the node's SSP worker
     mo.staleness = absl::GetFlag(FLAGS_staleness);
-    mo.early_fetch = fetch == Fetch::kEarly;
+    mo.early_fetch = IsEarly(fetch);
+    mo.early_fetch_patch = fetch == Fetch::kEarly;
     if (const int below = absl::GetFlag(FLAGS_merger_copy_rows_below_bytes); below >= 0) {
       mo.copy_rows_below_bytes = static_cast<size_t>(below);
     }
@@ -267,7 +283,8 @@ RunResult RunEmber(Client* client, const Config& c, Fetch fetch, uint32_t worker
     o.worker_id = worker_base + p;
     o.features = specs;
     o.staleness = absl::GetFlag(FLAGS_staleness);
-    o.early_fetch = fetch == Fetch::kEarly;
+    o.early_fetch = IsEarly(fetch);
+    o.early_fetch_patch = fetch == Fetch::kEarly;
     o.prefetch_depth = absl::GetFlag(FLAGS_prefetch_depth);
     o.merger = merger.get();
     o.merger_rank = p;
@@ -464,8 +481,9 @@ int Run() {
   std::vector<Fetch> fetches;
   if (mode("off")) fetches.push_back(Fetch::kOff);
   if (mode("on")) fetches.push_back(Fetch::kOn);
-  if (mode("early") && absl::GetFlag(FLAGS_staleness) == 0 && absl::GetFlag(FLAGS_early_fetch)) {
-    fetches.push_back(Fetch::kEarly);
+  if (absl::GetFlag(FLAGS_staleness) == 0 && absl::GetFlag(FLAGS_early_fetch)) {
+    if (mode("early")) fetches.push_back(Fetch::kEarly);
+    if (mode("early_refetch")) fetches.push_back(Fetch::kEarlyRefetch);
   }
   const bool baselines = mode("no_embeddings");
   int total = 0;
@@ -512,20 +530,23 @@ int Run() {
                       "would fetch %.0f (%.2fx)\n",
                       merged, pipelines, separate, merged > 0 ? separate / merged : 0);
         }
-        if (fetch == Fetch::kEarly) {
+        if (IsEarly(fetch)) {
           const double merged_step_keys =
               r.merged_steps > 0 ? double(r.merged_keys) / r.merged_steps
                                  : double(r.unique_keys) / std::max<int64_t>(1, r.steps);
           const double patched =
               r.steps_patched ? double(r.rows_patched) / r.steps_patched : 0;
-          std::printf("      early fetch: %llu steps brought forward on the trainer, %llu fetched "
-                      "after the push; %.0f rows patched per %s step of %.0f unique (%.1f%%), "
-                      "%.1f KB of rows and optimizer state per early fetch\n",
-                      static_cast<unsigned long long>(r.steps_patched),
-                      static_cast<unsigned long long>(r.steps_refetched), patched,
-                      r.merged_steps > 0 ? "node" : "pipeline", merged_step_keys,
-                      merged_step_keys > 0 ? 100 * patched / merged_step_keys : 0,
-                      r.steps_patched ? r.patch_bytes / 1024.0 / r.steps_patched : 0);
+          std::printf(
+              "      early fetch: %llu steps brought forward on the trainer, %llu fetched "
+              "after the push; %.0f rows patched per %s step of %.0f unique (%.1f%%), "
+              "%.1f KB of rows and optimizer state per early fetch\n",
+              static_cast<unsigned long long>(r.steps_patched),
+              static_cast<unsigned long long>(r.steps_refetched), patched,
+              r.merged_steps > 0 ? "node" : "pipeline", merged_step_keys,
+              merged_step_keys > 0 ? 100 * patched / merged_step_keys : 0,
+              r.steps_patched + r.steps_refetched
+                  ? r.patch_bytes / 1024.0 / (r.steps_patched + r.steps_refetched)
+                  : 0);
           if (r.steps_refetched > 0) {
             std::printf(
                 "      fetched after the barrier: %.0f rows per refetched step of %.0f "

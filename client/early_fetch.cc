@@ -43,7 +43,8 @@ absl::StatusOr<std::vector<EarlyFetch::Table>> EarlyFetch::Describe(
   return out;
 }
 
-EarlyFetch::EarlyFetch(std::vector<Table> tables) : tables_(std::move(tables)) {}
+EarlyFetch::EarlyFetch(std::vector<Table> tables, bool patch)
+    : tables_(std::move(tables)), patch_(patch) {}
 
 EarlyFetch::~EarlyFetch() = default;
 
@@ -54,7 +55,7 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
   std::unique_ptr<Peeked> p = spare_ ? std::move(spare_) : std::make_unique<Peeked>();
   const size_t tables = tables_.size();
   p->step = step;
-  p->patchable = true;
+  p->patchable = patch_;
   p->replayable.assign(tables, 1);
   p->write_log.assign(plan.shards(), 0);
   p->rows.resize(tables);
@@ -72,11 +73,13 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
     p->absent[tb].assign(n, 1);  // until a peek answer says it is stored
     // Where each key sits in the previous step's push: the deduplicator
     // numbers previous's keys 0.. first, so an index below that count is a
-    // shared key.
+    // shared key. Only the patch needs it.
+    p->in_previous[tb].clear();
+    p->previous_keys[tb] = 0;
+    if (!patch_) continue;
     dedup_.Clear();
     std::vector<uint32_t> ignored;
     dedup_.Add(previous[tb], &ignored);
-    p->in_previous[tb].clear();
     dedup_.Add(keys[tb], &p->in_previous[tb]);
     p->previous_keys[tb] = previous[tb].size();
   }
@@ -97,7 +100,7 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
       std::string* with_state = peek->mutable_tables(entry++)->mutable_with_state();
       with_state->resize(m.size());
       for (size_t j = 0; j < m.size(); ++j) {
-        (*with_state)[j] = p->in_previous[tb][m[j]] < p->previous_keys[tb] ? 1 : 0;
+        (*with_state)[j] = Patches(*p, tb, m[j]) ? 1 : 0;
       }
     }
   }
@@ -137,7 +140,7 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
       const size_t state = t.dim * OptimizerStateFloatsPerElement(t.optimizer.kind);
       const size_t steps = p->steps[tb].empty() ? 0 : 1;
       size_t shared = 0;
-      for (uint32_t u : m) shared += p->in_previous[tb][u] < p->previous_keys[tb];
+      for (uint32_t u : m) shared += Patches(*p, tb, u);
       if (r.rows().size() != m.size() * t.dim * 4 || r.state().size() != shared * state * 4 ||
           r.steps().size() != shared * steps * 4 || r.stored().size() != m.size()) {
         return absl::InternalError(absl::StrCat(
@@ -151,7 +154,7 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
         memcpy(p->rows[tb].data() + size_t{m[j]} * t.dim, r.rows().data() + j * t.dim * 4,
                t.dim * 4);
         p->absent[tb][m[j]] = r.stored()[j] ? 0 : 1;
-        if (p->in_previous[tb][m[j]] >= p->previous_keys[tb]) continue;
+        if (!Patches(*p, tb, m[j])) continue;
         if (state > 0) {  // (SGD has none: no null + 0 arithmetic)
           memcpy(p->state[tb].data() + size_t{m[j]} * state, r.state().data() + c * state * 4,
                  state * 4);
@@ -169,6 +172,10 @@ absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
 std::optional<int64_t> EarlyFetch::pending() const {
   if (!peeked_) return std::nullopt;
   return peeked_->step;
+}
+
+bool EarlyFetch::Patches(const Peeked& p, size_t tb, uint32_t u) const {
+  return patch_ && p.in_previous[tb][u] < p.previous_keys[tb];
 }
 
 bool EarlyFetch::Patchable() const { return peeked_ && peeked_->patchable; }

@@ -54,7 +54,11 @@ class EarlyFetch {
   static absl::StatusOr<std::vector<Table>> Describe(Client& client,
                                                      const std::vector<std::string>& names);
 
-  explicit EarlyFetch(std::vector<Table> tables);
+  // `patch` false: never bring a step forward here; every peeked step is
+  // fetched after the push, as only the rows changed since the peek
+  // (PipelineOptions::early_fetch_patch), and the peek asks for no
+  // optimizer state.
+  explicit EarlyFetch(std::vector<Table> tables, bool patch = true);
   ~EarlyFetch();
 
   // Adds a peek of step `step` to each shard's request: `keys` (per table,
@@ -112,10 +116,14 @@ class EarlyFetch {
 
  private:
   struct Peeked;
+  // Whether merged key u of table tb gets the patch, so that its peek asks
+  // for its optimizer state: it was in the previous step's push.
+  bool Patches(const Peeked& p, size_t tb, uint32_t u) const;
   // Patch's work; grad(tb, k) is the address of key k's gradient row.
   template <typename GradOf>
   absl::StatusOr<std::vector<const float*>> PatchWith(GradOf grad);
   const std::vector<Table> tables_;
+  const bool patch_;
   std::unique_ptr<Peeked> filling_;  // asked for, not answered yet
   std::unique_ptr<Peeked> peeked_;   // pending
   std::unique_ptr<Peeked> patched_;  // the last patched: its rows are in use

@@ -59,7 +59,7 @@ absl::Status StepMergerImpl::Join(int rank, const std::vector<std::string>& tabl
       // How the shards hold the tables, for the trainer-side updates.
       EMBER_ASSIGN_OR_RETURN(std::vector<EarlyFetch::Table> described,
                              EarlyFetch::Describe(*client_, tables));
-      early_ = std::make_unique<EarlyFetch>(std::move(described));
+      early_ = std::make_unique<EarlyFetch>(std::move(described), options_.early_fetch_patch);
     }
     tables_ = tables;
     dims_ = dims;

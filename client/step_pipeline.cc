@@ -101,7 +101,7 @@ class StepPipeline::Impl {
     if (so.early_fetch && options_.merger == nullptr) {
       EMBER_ASSIGN_OR_RETURN(std::vector<EarlyFetch::Table> described,
                              EarlyFetch::Describe(*client_, tables_));
-      early_ = std::make_unique<EarlyFetch>(std::move(described));
+      early_ = std::make_unique<EarlyFetch>(std::move(described), options_.early_fetch_patch);
     }
     early_fetch_ = so.early_fetch;
     // With early fetch, step t + 2 may be prefetched before step t

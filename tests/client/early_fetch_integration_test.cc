@@ -79,6 +79,7 @@ using Seen = std::vector<std::vector<std::vector<float>>>;
 struct RunOptions {
   std::string table;
   bool early = true;
+  bool patch = true;  // PipelineOptions::early_fetch_patch
   int ranks = 1;    // > 1: one StepMerger per worker (node) merges that many pipelines
   int workers = 1;  // > 1: that many independent SSP workers (nodes)
   uint32_t first_worker_id = 0;
@@ -140,6 +141,7 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
       mo.ranks = ro.ranks;
       mo.worker_id = ro.first_worker_id + w;
       mo.early_fetch = ro.early;
+      mo.early_fetch_patch = ro.patch;
       EMBER_ASSIGN_OR_RETURN(std::unique_ptr<StepMerger> m, StepMerger::Create(client_, mo));
       mergers.push_back(std::move(m));
     }
@@ -150,6 +152,7 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
       po.features = Features(ro.table);
       po.staleness = 0;
       po.early_fetch = ro.early;
+      po.early_fetch_patch = ro.patch;
       po.merger = mergers.empty() ? nullptr : mergers[r / ro.ranks].get();
       po.merger_rank = r % ro.ranks;
       po.trace = ro.trace;
@@ -223,10 +226,12 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
   }
 
   // Trains the same steps on a copy of `config` with early fetch off and
-  // on; expects every step's rows, and the tables after, bit-identical.
-  // Returns the early run's stats.
+  // on (with `patch`, PipelineOptions::early_fetch_patch); expects every
+  // step's rows, and the tables after, bit-identical. Returns the early
+  // run's stats.
   static std::vector<PipelineStats> ExpectEarlyEqualsPlain(v1::TableConfig config, int ranks,
-                                                           bool check_against_lookup) {
+                                                           bool check_against_lookup,
+                                                           bool patch = true) {
     const std::string name = config.name();
     std::vector<Seen> seen[2];
     std::vector<PipelineStats> stats[2];
@@ -237,6 +242,7 @@ class EarlyFetchTest : public ::testing::TestWithParam<ShardWay> {
       RunOptions ro;
       ro.table = config.name();
       ro.early = early;
+      ro.patch = patch;
       ro.ranks = ranks;
       ro.check_against_lookup = check_against_lookup;
       absl::StatusOr<std::vector<Seen>> s = Run(ro, &stats[early]);
@@ -307,6 +313,33 @@ TEST_P(EarlyFetchTest, EveryOptimizerAndDtypeSeesExactlyThePlainRowsWithMergedPi
     for (const PipelineStats& s : stats) {
       ExpectMostStepsFetchedEarly(s.steps_patched, 2);
       EXPECT_EQ(s.steps_refetched, 0u);
+    }
+  }
+}
+
+// The alternative to the patch: the rows the node's own push changes are
+// fetched after the push, only those, and the rest kept as peeked.
+TEST_P(EarlyFetchTest, WithoutThePatchOnlyTheOwnChangedRowsComeAfterThePushExactly) {
+  std::vector<v1::TableConfig> configs = {AdagradTable("refetch", kDim)};
+  for (v1::TableConfig c : EveryOptimizerAndDtype(kDim)) {
+    if (c.name() != "adam_bf16") continue;
+    c.set_name("refetch_adam_bf16");
+    configs.push_back(c);
+  }
+  for (const v1::TableConfig& config : configs) {
+    for (int ranks : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat(config.name(), ", ranks ", ranks));
+      const std::vector<PipelineStats> stats =
+          ExpectEarlyEqualsPlain(config, ranks, /*check_against_lookup=*/true, /*patch=*/false);
+      ASSERT_EQ(stats.size(), static_cast<size_t>(ranks));
+      for (const PipelineStats& s : stats) {
+        EXPECT_EQ(s.steps_patched, 0u);
+        EXPECT_EQ(s.rows_patched, 0u);
+        ExpectMostStepsFetchedEarly(s.steps_refetched, ranks);
+        EXPECT_GT(s.rows_refetched, 0u);
+        EXPECT_LT(s.rows_refetched, s.keys_refetched * 6 / 10)
+            << "only the rows the push changed (~30% here) should come after it";
+      }
     }
   }
 }

@@ -60,6 +60,8 @@ struct StepMergerOptions {
   // early_fetch says when it applies); the pipelines then get their rows
   // before the merged exchange of push t returns.
   bool early_fetch = true;
+  // PipelineOptions::early_fetch_patch, for the node.
+  bool early_fetch_patch = true;
 };
 
 // Totals of a merger since creation (merged steps are rounds with a fetch).

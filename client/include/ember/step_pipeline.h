@@ -86,6 +86,13 @@ struct PipelineOptions {
   // fetched after the push instead. Not with node_transport (ignored);
   // with a merger, the merger's option decides.
   bool early_fetch = true;
+  // With early fetch: bring the rows this worker's own push changes
+  // forward on the trainer (true), or fetch just those rows after the push
+  // (false: a smaller fetch on the critical path instead of the trainer's
+  // update; the fetch other workers' changes need anyway,
+  // docs/client.md). Both are exact; with a merger, the merger's option
+  // decides.
+  bool early_fetch_patch = true;
   int64_t first_step = 0;
   // -1: rows are pooled on the host (Wait / Push). N >= 0: on CUDA device N
   // (WaitOnDevice / PushFromDevice); FAILED_PRECONDITION at Create when the
@@ -154,7 +161,8 @@ struct PipelineStats {
   // were brought forward on the trainer, the rows that took (rows of the
   // step that the step before pushed), the bytes of the early fetches'
   // answers (rows, optimizer state), and steps fetched after the push
-  // instead (someone else could change their rows): of those, the rows
+  // instead (someone else could change their rows, or early_fetch_patch
+  // is off): of those, the rows
   // that came after the push (the rows pushes changed since the early
   // fetch) and the keys they had (what a full fetch would carry).
   uint64_t steps_patched = 0;
