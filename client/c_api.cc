@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/time/time.h"
 #include "ember/client.h"
 #include "pooling.h"
+#include "ember/step_merger.h"
 #include "ember/step_pipeline.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -36,11 +38,36 @@ struct ember_pipeline {
   std::condition_variable pushed;
   int64_t next_push ABSL_GUARDED_BY(mu) = 0;
   bool closing ABSL_GUARDED_BY(mu) = false;
+  // Staged batches by ticket (ember_pipeline_stage), and the tickets
+  // claimed or prefetched ahead by step, not yet pushed; under stage_mu.
+  std::mutex stage_mu;
+  int64_t next_ticket ABSL_GUARDED_BY(stage_mu) = 0;
+  std::map<int64_t, ember::Batch> staged ABSL_GUARDED_BY(stage_mu);
+  std::map<int64_t, int64_t> ticket_step ABSL_GUARDED_BY(stage_mu);
+  int64_t next_prefetch ABSL_GUARDED_BY(stage_mu) = 0;
+  std::condition_variable staged_cv;  // a batch was staged
+  ember_merger* merger = nullptr;     // the merged ranks' shared decisions
+};
+
+struct ember_merger {
+  std::unique_ptr<ember::StepMerger> merger;
+  // Staged pipelines (ember_pipeline_stage) of the ranks: how far each
+  // point of the training sequence (a claim or a push of step t) prefetches,
+  // decided by the first rank there from its staged batches, so that every
+  // rank makes the same Prefetch calls at the same points, whenever its
+  // input pipeline staged them (the merger needs the same calls in the
+  // same order; a rank's staging runs on the input pipeline's thread).
+  std::mutex mu;
+  std::map<std::pair<int, int64_t>, int64_t> prefetch_upto ABSL_GUARDED_BY(mu);
 };
 
 namespace {
 
 thread_local std::string last_error;
+
+// How long a merged rank's push waits for its input pipeline to stage the
+// batch the other ranks prefetch at that point.
+constexpr double kStagedWaitSeconds = 600;
 
 int Fail(const absl::Status& status) {
   last_error = std::string(status.message());
@@ -263,6 +290,10 @@ int ember_pipeline_create(ember_client* client, const ember_pipeline_options* op
   pipeline_options.prefetch_depth = options->prefetch_depth;
   pipeline_options.first_step = options->first_step;
   pipeline_options.early_fetch = options->no_early_fetch == 0;
+  if (options->merger != nullptr) {
+    pipeline_options.merger = options->merger->merger.get();
+    pipeline_options.merger_rank = options->merger_rank;
+  }
   for (size_t f = 0; f < options->num_features; ++f) {
     const ember_feature_spec& spec = options->features[f];
     if (spec.name == nullptr || spec.table == nullptr) {
@@ -279,7 +310,39 @@ int ember_pipeline_create(ember_client* client, const ember_pipeline_options* op
   *out = new ember_pipeline;
   (*out)->pipeline = std::move(*pipeline);
   (*out)->next_push = options->first_step;
+  (*out)->merger = options->merger;
+  (*out)->next_ticket = options->first_step;
+  (*out)->next_prefetch = options->first_step;
   return 0;
+}
+
+int ember_merger_create(ember_client* client, const ember_merger_options* options,
+                        ember_merger** out) {
+  if (client == nullptr || options == nullptr || out == nullptr) {
+    return InvalidArgument("client, options and out are required");
+  }
+  ember::StepMergerOptions merger_options;
+  merger_options.ranks = options->ranks;
+  merger_options.worker_id = options->worker_id;
+  merger_options.staleness = options->staleness;
+  merger_options.first_step = options->first_step;
+  if (options->timeout_s > 0) merger_options.timeout = absl::Seconds(options->timeout_s);
+  merger_options.early_fetch = options->no_early_fetch == 0;
+  auto merger = ember::StepMerger::Create(client->client.get(), merger_options);
+  if (!merger.ok()) return Fail(merger.status());
+  *out = new ember_merger;
+  (*out)->merger = std::move(*merger);
+  return 0;
+}
+
+void ember_merger_free(ember_merger* merger) { delete merger; }
+
+void ember_merger_stats_get(const ember_merger* merger, ember_merger_stats* out) {
+  const ember::StepMergerStats stats = merger->merger->Stats();
+  out->rounds = stats.rounds;
+  out->fetch_rounds = stats.fetch_rounds;
+  out->rank_keys = stats.rank_keys;
+  out->merged_keys = stats.merged_keys;
 }
 
 namespace {
@@ -312,39 +375,48 @@ int ember_pipeline_prefetch_depth(const ember_pipeline* pipeline) {
   return pipeline->pipeline->prefetch_depth();
 }
 
-int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64_t step,
-                                     const ember_feature_batch* features, size_t num_features,
-                                     double timeout_s, const int* cancel) {
+namespace {
+
+// Waits until `step` fits in the prefetch depth, i.e. until step - depth - 1
+// has been pushed (see ember_pipeline_prefetch_blocking).
+int AwaitDepth(ember_pipeline* pipeline, int64_t step, double timeout_s, const int* cancel) {
   const int64_t depth = pipeline->pipeline->prefetch_depth();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(std::max(timeout_s, 0.0)));
-  {
-    std::unique_lock<std::mutex> lock(pipeline->mu);
-    // Wakes on every push; polls `cancel` (set by another thread without
-    // this lock) every 5 ms.
-    for (;;) {
-      if (pipeline->closing) {
-        return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": the pipeline is closed")));
-      }
-      if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_ACQUIRE) != 0) {
-        return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": cancelled")));
-      }
-      if (step - pipeline->next_push <= depth) break;
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        return Fail(absl::DeadlineExceededError(absl::StrCat(
-            "prefetch of step ", step, ": step ", step - depth - 1, " was not pushed within ",
-            timeout_s, " s (prefetch depth ", depth, ")")));
-      }
-      pipeline->pushed.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(5)));
+  std::unique_lock<std::mutex> lock(pipeline->mu);
+  // Wakes on every push; polls `cancel` (set by another thread without
+  // this lock) every 5 ms.
+  for (;;) {
+    if (pipeline->closing) {
+      return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": the pipeline is closed")));
     }
+    if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_ACQUIRE) != 0) {
+      return Fail(absl::CancelledError(absl::StrCat("prefetch of step ", step, ": cancelled")));
+    }
+    if (step - pipeline->next_push <= depth) return 0;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          "prefetch of step ", step, ": step ", step - depth - 1, " was not pushed within ",
+          timeout_s, " s (prefetch depth ", depth, ")")));
+    }
+    pipeline->pushed.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(5)));
   }
+}
+
+}  // namespace
+
+int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64_t step,
+                                     const ember_feature_batch* features, size_t num_features,
+                                     double timeout_s, const int* cancel) {
+  if (int code = AwaitDepth(pipeline, step, timeout_s, cancel); code != 0) return code;
   return ember_pipeline_prefetch(pipeline, step, features, num_features);
 }
 
-int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
-                            const ember_feature_batch* features, size_t num_features) {
+namespace {
+
+ember::Batch CopyBatch(const ember_feature_batch* features, size_t num_features) {
   ember::Batch batch;
   batch.features.resize(num_features);
   for (size_t f = 0; f < num_features; ++f) {
@@ -354,7 +426,131 @@ int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
     fb.keys.assign(in.keys, in.keys + in.num_keys);
     if (in.weights != nullptr) fb.weights.assign(in.weights, in.weights + in.num_weights);
   }
-  return Report(pipeline->pipeline->Prefetch(step, std::move(batch)));
+  return batch;
+}
+
+int64_t NextPush(ember_pipeline* pipeline) {
+  std::lock_guard<std::mutex> lock(pipeline->mu);
+  return pipeline->next_push;
+}
+
+// The points of a training sequence where staged batches are prefetched.
+enum class Point { kClaim, kPush };
+
+// At `point` of step `step`: prefetches staged tickets in order as far as
+// the depth allows and the batches are staged. A merged rank prefetches as
+// far as the first rank at this point decided, waiting (up to timeout_s)
+// for its input pipeline to stage the batches it lacks. A batch the
+// pipeline refuses (a malformed one) fails the claim or push that reached
+// it, naming its ticket.
+int PrefetchStaged(ember_pipeline* pipeline, std::unique_lock<std::mutex>& lock, Point point,
+                   int64_t step, double timeout_s) {
+  const int64_t depth = pipeline->pipeline->prefetch_depth();
+  int64_t upto = std::min<int64_t>(pipeline->next_prefetch + pipeline->staged.size(),
+                                   NextPush(pipeline) + depth + 1) - 1;
+  if (ember_merger* m = pipeline->merger; m != nullptr) {
+    std::lock_guard<std::mutex> decisions(m->mu);
+    auto [it, first] = m->prefetch_upto.try_emplace({static_cast<int>(point), step}, upto);
+    upto = it->second;
+    if (first) {
+      // The ranks are within a few steps of each other: older points are done.
+      m->prefetch_upto.erase(m->prefetch_upto.begin(),
+                             m->prefetch_upto.lower_bound({0, step - 64}));
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::max(timeout_s, 0.0)));
+  while (pipeline->next_prefetch <= upto) {
+    if (pipeline->staged.empty()) {
+      if (!pipeline->staged_cv.wait_until(lock, deadline,
+                                          [&] { return !pipeline->staged.empty(); })) {
+        return Fail(absl::DeadlineExceededError(absl::StrCat(
+            "prefetch of step ", pipeline->next_prefetch, ": the other ranks staged it, this "
+            "rank's input pipeline did not within ", timeout_s, " s (each rank's input must "
+            "hold the same number of batches)")));
+      }
+      continue;
+    }
+    auto it = pipeline->staged.begin();
+    const int64_t next = pipeline->next_prefetch;
+    const int64_t ticket = it->first;
+    absl::Status prefetched = pipeline->pipeline->Prefetch(next, std::move(it->second));
+    pipeline->staged.erase(it);
+    if (!prefetched.ok()) {
+      return Fail(absl::Status(prefetched.code(), absl::StrCat("the batch staged as ticket ",
+                                                               ticket, ": ", prefetched.message())));
+    }
+    pipeline->ticket_step[ticket] = next;
+    pipeline->next_prefetch = next + 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
+                            const ember_feature_batch* features, size_t num_features) {
+  return Report(pipeline->pipeline->Prefetch(step, CopyBatch(features, num_features)));
+}
+
+int ember_pipeline_stage(ember_pipeline* pipeline, const ember_feature_batch* features,
+                         size_t num_features, int64_t* ticket) {
+  ember::Batch batch = CopyBatch(features, num_features);
+  {
+    std::lock_guard<std::mutex> lock(pipeline->stage_mu);
+    *ticket = pipeline->next_ticket++;
+    pipeline->staged.emplace(*ticket, std::move(batch));
+  }
+  pipeline->staged_cv.notify_all();
+  return 0;
+}
+
+int ember_pipeline_ticket_step(ember_pipeline* pipeline, int64_t ticket, int64_t* step) {
+  std::lock_guard<std::mutex> lock(pipeline->stage_mu);
+  auto it = pipeline->ticket_step.find(ticket);
+  if (it == pipeline->ticket_step.end()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "ticket ", ticket, ": not claimed on this pipeline (push a ticket after its lookup, once)")));
+  }
+  *step = it->second;
+  return 0;
+}
+
+int ember_pipeline_claim(ember_pipeline* pipeline, int64_t ticket, double timeout_s,
+                         int64_t* step) {
+  // Held throughout (but while waiting for a batch to be staged): claims
+  // and pushes come from the training thread, and the push that frees the
+  // depth takes this lock only after it counted.
+  std::unique_lock<std::mutex> lock(pipeline->stage_mu);
+  if (auto it = pipeline->ticket_step.find(ticket); it != pipeline->ticket_step.end()) {
+    *step = it->second;
+    return PrefetchStaged(pipeline, lock, Point::kClaim, *step, timeout_s);
+  }
+  // Older staged tickets were drawn and never trained (a dropped iterator).
+  pipeline->staged.erase(pipeline->staged.begin(), pipeline->staged.lower_bound(ticket));
+  if (!pipeline->ticket_step.empty() && pipeline->ticket_step.begin()->first < ticket) {
+    const auto& [old_ticket, old_step] = *pipeline->ticket_step.begin();
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "claim of ticket ", ticket, ": step ", old_step, " was prefetched for ticket ", old_ticket,
+        ", whose element was never trained (its iterator was dropped after its rows were "
+        "fetched); train every element drawn, in order")));
+  }
+  auto it = pipeline->staged.find(ticket);
+  if (it == pipeline->staged.end()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "claim of ticket ", ticket, ": not staged on this pipeline, or pushed already: prefetch it "
+        "first (a ticket from this pipeline's stage, e.g. ember.tf's layer.prefetch)")));
+  }
+  const int64_t claimed = pipeline->next_prefetch;
+  if (int code = AwaitDepth(pipeline, claimed, timeout_s, nullptr); code != 0) return code;
+  absl::Status prefetched = pipeline->pipeline->Prefetch(claimed, std::move(it->second));
+  pipeline->staged.erase(it);
+  if (!prefetched.ok()) return Fail(prefetched);
+  pipeline->ticket_step[ticket] = claimed;
+  pipeline->next_prefetch = claimed + 1;
+  *step = claimed;
+  return PrefetchStaged(pipeline, lock, Point::kClaim, claimed, timeout_s);
 }
 
 namespace {
@@ -468,6 +664,13 @@ int ember_pipeline_push(ember_pipeline* pipeline, int64_t step, const float* con
       pipeline->next_push = step + 1;
     }
     pipeline->pushed.notify_all();
+    std::unique_lock<std::mutex> lock(pipeline->stage_mu);
+    for (auto it = pipeline->ticket_step.begin(); it != pipeline->ticket_step.end();) {
+      it = it->second <= step ? pipeline->ticket_step.erase(it) : std::next(it);
+    }
+    // Staged batches (a tf.data input) go out after the push, as a trainer
+    // that prefetches step t + depth after pushing step t would.
+    return PrefetchStaged(pipeline, lock, Point::kPush, step, kStagedWaitSeconds);
   }
   return Report(status);
 }

@@ -15,7 +15,7 @@
 #   scripts/pic_deps.sh [PREFIX]      # default $EMBER_PIC_DEPS or /opt/ember-pic-deps
 # Idempotent: a stamp names what was built. Needs Debian's source archive
 # (deb-src; added when run as root and missing), dpkg-dev and cmake.
-# Takes about 10 minutes on 2 cores.
+# Takes about 3 minutes on 2 cores (2 min 53 s measured on 2026-12-07).
 set -euo pipefail
 PREFIX="${1:-${EMBER_PIC_DEPS:-/opt/ember-pic-deps}}"
 # The -dev packages whose source is rebuilt (their headers are the ones

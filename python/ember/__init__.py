@@ -9,13 +9,23 @@
     pipe.push(0, [d_rows])                   # returns at once
 
 Framework layers: ember.tf (TensorFlow 2 / Keras) and ember.torch (PyTorch)
-are imported on their own, so that this package needs neither.
+are imported on first use (`import ember` then `ember.tf.EmbeddingLayer`
+works, as does `import ember.tf`), so that this package needs neither.
 """
 
 from ._errors import EmberError, StatusCode
 from ._ember import pool_backward, pool_forward
-from .client import Client, Feature, StepPipeline
+from .client import Client, Feature, StepMerger, StepPipeline
 
-__all__ = ["Client", "EmberError", "Feature", "StatusCode", "StepPipeline", "pool_backward",
-           "pool_forward"]
+__all__ = ["Client", "EmberError", "Feature", "StatusCode", "StepMerger", "StepPipeline",
+           "pool_backward", "pool_forward"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # ember.tf / ember.torch on first use: importing the package alone
+    # must not import TensorFlow or PyTorch.
+    if name in ("tf", "torch"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'ember' has no attribute '{name}'")

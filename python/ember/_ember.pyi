@@ -1,5 +1,5 @@
 """Type stubs of ember._ember, the native binding (use ember.Client,
-ember.StepPipeline, ember.pool_forward / pool_backward)."""
+ember.StepPipeline, ember.StepMerger, ember.pool_forward / pool_backward)."""
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -33,10 +33,16 @@ class Client:
                      read_only: bool) -> npt.NDArray[np.float32]: ...
     def _checkpoint_json(self, options_json: str) -> str: ...
 
+class StepMerger:
+    def __init__(self, client: Client, ranks: int, worker_id: int, staleness: int,
+                 first_step: int, timeout_s: float, early_fetch: bool) -> None: ...
+    def stats(self) -> Dict[str, int]: ...
+
 class StepPipeline:
     def __init__(self, client: Client, worker_id: int, features: List[Tuple[str, str, int]],
                  staleness: int, prefetch_depth: int, first_step: int,
-                 early_fetch: bool = ...) -> None: ...
+                 early_fetch: bool = ..., merger: Optional[StepMerger] = ...,
+                 merger_rank: int = ...) -> None: ...
     def prefetch(self, step: int,
                  batch: Union[Sequence[FeatureEntry], Mapping[str, FeatureEntry]]) -> None: ...
     def wait(self, step: int,

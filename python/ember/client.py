@@ -6,6 +6,7 @@ run with the GIL released while they block, and read numpy arrays in place.
 """
 
 import json
+import zlib
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import _ember
@@ -17,6 +18,12 @@ _EVICTION = {"none": "EVICTION_POLICY_NONE", "lru": "EVICTION_POLICY_LRU", "lfu"
 
 def _enum(value: str, short: Mapping[str, str]) -> str:
     return short.get(value.lower(), value)
+
+
+def table_seed(name: str) -> int:
+    """The initializer seed of a table created without one: the CRC-32 of
+    its name (stable across processes and versions, unlike hash())."""
+    return zlib.crc32(name.encode("utf-8"))
 
 
 class Client(_ember.Client):
@@ -68,12 +75,17 @@ class Client(_ember.Client):
         optimizer={"adagrad": {"learning_rate": 0.05}},
         initializer={"truncated_normal": {"stddev": 0.05}, "seed": 7}.
         dtype: "fp32", "fp16" or "bf16"; eviction: "none", "lru" or "lfu".
+        An initializer without a "seed" gets table_seed(name), so that two
+        tables do not start the same id with the same row.
         """
+        initializer = dict(initializer)
+        if "seed" not in initializer:
+            initializer["seed"] = str(table_seed(name))
         config: Dict[str, Any] = {
             "name": name,
             "dim": dim,
             "dtype": _enum(dtype, _DTYPES),
-            "initializer": dict(initializer),
+            "initializer": initializer,
             "optimizer": dict(optimizer),
             "capacity": str(capacity),
             "eviction": _enum(eviction, _EVICTION),
@@ -137,6 +149,37 @@ def _feature(spec: FeatureLike) -> tuple:
     return (spec.name, spec.table, _COMBINERS[spec.combiner])
 
 
+class StepMerger(_ember.StepMerger):
+    """The pipelines of one process (one per GPU, or per framework replica)
+    sending one request per shard per step between them (ember::StepMerger).
+
+        merger = ember.StepMerger(client, ranks=4, worker_id=0)
+        pipes = [ember.StepPipeline(client, features, merger=merger, rank=r)
+                 for r in range(4)]
+
+    Each step, every unique key of the node is fetched and pushed once; a
+    key's gradients are summed over the ranks in rank order, so the result
+    does not depend on which rank arrives first. The node is one SSP worker
+    (worker_id); its pipelines take the merger's staleness, first step and
+    early fetch. The ranks make the same calls (prefetch, wait, push, flush,
+    close) in the same order, each rank from its own thread: a rank waits in
+    its pipeline's background thread for the others, and one that waits
+    longer than `timeout` seconds fails (DEADLINE_EXCEEDED naming the ranks
+    missing). Keep the merger until its pipelines are closed.
+    """
+
+    def __init__(self, client: Client, ranks: int, *, worker_id: int = 0, staleness: int = 0,
+                 first_step: int = 0, timeout: float = 60.0, early_fetch: bool = True):
+        if ranks < 1:
+            raise ValueError(f"StepMerger: ranks {ranks}; expected at least 1")
+        super().__init__(client, ranks, worker_id, staleness, first_step, timeout, early_fetch)
+        self.ranks = ranks
+        self.worker_id = worker_id
+        self.staleness = staleness
+        self.first_step = first_step
+        self.early_fetch = early_fetch
+
+
 class StepPipeline(_ember.StepPipeline):
     """One trainer replica's embedding pipeline (ember::StepPipeline).
 
@@ -161,13 +204,32 @@ class StepPipeline(_ember.StepPipeline):
     counts steps_patched and steps_refetched. Steps are prefetched, waited
     and pushed in order, starting at first_step. Errors raise ember.EmberError; the first failure
     of background work is raised by the next wait, push or flush.
+
+    merger / rank: this pipeline is rank `rank` of an ember.StepMerger
+    (several replicas of one process); staleness, first_step and early_fetch
+    are then the merger's, and worker_id only labels the pipeline.
     """
 
-    def __init__(self, client: Client, features: Sequence[FeatureLike], *, staleness: int = 0,
-                 worker_id: int = 0, prefetch_depth: int = -1, first_step: int = 0,
-                 early_fetch: bool = True):
-        super().__init__(client, worker_id, [_feature(f) for f in features], staleness,
-                         prefetch_depth, first_step, early_fetch)
+    def __init__(self, client: Client, features: Sequence[FeatureLike], *,
+                 staleness: Optional[int] = None, worker_id: int = 0, prefetch_depth: int = -1,
+                 first_step: Optional[int] = None, early_fetch: Optional[bool] = None,
+                 merger: Optional[StepMerger] = None, rank: int = 0):
+        if merger is not None:
+            for name, value, merged in (("staleness", staleness, merger.staleness),
+                                        ("first_step", first_step, merger.first_step)):
+                if value is not None and value != merged:
+                    raise ValueError(f"StepPipeline: {name} {value}; a merged pipeline takes the "
+                                     f"merger's ({merged})")
+            if not 0 <= rank < merger.ranks:
+                raise ValueError(f"StepPipeline: rank {rank}; expected 0 .. {merger.ranks - 1} "
+                                 f"(the merger's ranks)")
+            staleness, first_step = merger.staleness, merger.first_step
+            early_fetch = merger.early_fetch
+        super().__init__(client, worker_id, [_feature(f) for f in features],
+                         0 if staleness is None else staleness, prefetch_depth,
+                         0 if first_step is None else first_step,
+                         True if early_fetch is None else early_fetch, merger, rank)
+        self.rank = rank
 
     def __enter__(self):
         return self

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import time
 
-READY = re.compile(r"EMBER_READY port=(\d+)")
+READY = re.compile(r"EMBER_READY port=(\d+)(?: metrics_port=(-?\d+))?")
 
 
 def server_binary() -> str:
@@ -40,6 +40,9 @@ class LocalCluster:
     def __init__(self, shards: int = 2, extra_args=(), timeout: float = 30.0):
         self.procs = []
         self.addresses = []
+        # "127.0.0.1:port" of each shard's /metrics, with
+        # extra_args=["--metrics_port=0"]; None per shard without metrics.
+        self.metrics_addresses = []
         try:
             for i in range(shards):
                 self._start(i, shards, list(extra_args), timeout)
@@ -63,6 +66,8 @@ class LocalCluster:
                 match = READY.search(line)
                 if match:
                     self.addresses.append(f"127.0.0.1:{match.group(1)}")
+                    metrics = int(match.group(2) or -1)
+                    self.metrics_addresses.append(f"127.0.0.1:{metrics}" if metrics > 0 else None)
                     return
             if proc.poll() is not None:
                 break

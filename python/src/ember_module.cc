@@ -177,18 +177,51 @@ class Client {
   ember_client* client_ = nullptr;
 };
 
+class StepMerger {
+ public:
+  StepMerger(Client& client, int ranks, uint32_t worker_id, int staleness, int64_t first_step,
+             double timeout_s, bool early_fetch) {
+    ember_merger_options options{ranks,      worker_id, staleness, first_step,
+                                 timeout_s, !early_fetch};
+    CallReleased([&] { return ember_merger_create(client.get(), &options, &merger_); });
+  }
+  ~StepMerger() {
+    py::gil_scoped_release release;
+    ember_merger_free(merger_);
+  }
+  StepMerger(const StepMerger&) = delete;
+  StepMerger& operator=(const StepMerger&) = delete;
+
+  py::dict Stats() const {
+    ember_merger_stats s{};
+    ember_merger_stats_get(merger_, &s);
+    py::dict d;
+    d["rounds"] = s.rounds;
+    d["fetch_rounds"] = s.fetch_rounds;
+    d["rank_keys"] = s.rank_keys;
+    d["merged_keys"] = s.merged_keys;
+    return d;
+  }
+  ember_merger* get() const { return merger_; }
+
+ private:
+  ember_merger* merger_ = nullptr;
+};
+
 class StepPipeline {
  public:
   StepPipeline(Client& client, uint32_t worker_id,
                const std::vector<std::tuple<std::string, std::string, int>>& features,
-               int staleness, int prefetch_depth, int64_t first_step, bool early_fetch) {
+               int staleness, int prefetch_depth, int64_t first_step, bool early_fetch,
+               StepMerger* merger, int merger_rank) {
     std::vector<ember_feature_spec> specs;
     for (const auto& [name, table, combiner] : features) {
       specs.push_back({name.c_str(), table.c_str(), combiner});
       names_.push_back(name);
     }
     ember_pipeline_options options{worker_id,      specs.data(), specs.size(), staleness,
-                                   prefetch_depth, first_step,   !early_fetch};
+                                   prefetch_depth, first_step,   !early_fetch,
+                                   merger == nullptr ? nullptr : merger->get(), merger_rank};
     CallReleased([&] { return ember_pipeline_create(client.get(), &options, &pipeline_); });
     for (size_t f = 0; f < names_.size(); ++f) dims_.push_back(ember_pipeline_dim(pipeline_, f));
   }
@@ -569,12 +602,20 @@ PYBIND11_MODULE(_ember, m) {
       .def("_lookup_rows", &Client::LookupRows)
       .def("_checkpoint_json", &Client::CheckpointJson);
 
+  py::class_<StepMerger>(m, "StepMerger")
+      .def(py::init<Client&, int, uint32_t, int, int64_t, double, bool>(), py::arg("client"),
+           py::arg("ranks"), py::arg("worker_id"), py::arg("staleness"), py::arg("first_step"),
+           py::arg("timeout_s"), py::arg("early_fetch"), py::keep_alive<1, 2>())
+      .def("stats", &StepMerger::Stats);
+
+  // keep_alive: the client, and the merger (None for none), outlive the pipeline.
   py::class_<StepPipeline>(m, "StepPipeline")
       .def(py::init<Client&, uint32_t, const std::vector<std::tuple<std::string, std::string, int>>&,
-                    int, int, int64_t, bool>(),
+                    int, int, int64_t, bool, StepMerger*, int>(),
            py::arg("client"), py::arg("worker_id"), py::arg("features"), py::arg("staleness"),
            py::arg("prefetch_depth"), py::arg("first_step"), py::arg("early_fetch") = true,
-           py::keep_alive<1, 2>())
+           py::arg("merger") = nullptr, py::arg("merger_rank") = 0, py::keep_alive<1, 2>(),
+           py::keep_alive<1, 9>())
       .def("prefetch", &StepPipeline::Prefetch, py::arg("step"), py::arg("batch"))
       .def("wait", &StepPipeline::Wait, py::arg("step"), py::arg("out") = py::none())
       .def("prefetch_jagged", &StepPipeline::PrefetchJagged, py::arg("step"), py::arg("values"),

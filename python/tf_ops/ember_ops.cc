@@ -1,16 +1,31 @@
 // TensorFlow ops over Ember's C ABI (ember/ember_c.h), loaded by ember.tf:
 //
-//   EmberPrefetch(step, offsets[N], keys[N], weights[W]) -> step
-//       starts fetching a step's rows (in a tf.data map, ahead of training);
-//   EmberLookup(step, anchor) -> pooled[N]
-//       waits for the step's rows: [batch, dim_f] float32 per feature;
-//   EmberPush(step, grads[N]) -> anchor_grad
+//   EmberPrefetch(step, offsets[N], keys[N], weights[W]) -> ticket
+//       stages a batch (in a tf.data map, ahead of training) and returns
+//       its ticket; its rows are fetched as soon as training's claims and
+//       pushes reach it and the prefetch depth allows (ember_pipeline_stage:
+//       an element drawn and never trained, e.g. by Keras before fit or by
+//       an iterator dropped at an epoch's end, costs nothing). `step` is
+//       ignored (kept for graphs that pass one);
+//   EmberLookup(ticket, anchor, order) -> pooled[N]
+//       claims the ticket (its step) and waits for the step's rows:
+//       [batch, dim_f] float32 per feature;
+//   EmberPush(ticket, grads[N], order) -> anchor_grad
 //       pushes d(pooled); the gradient of EmberLookup (python/ember/tf.py);
-//   EmberLookupPacked(step, anchor) -> pooled, EmberPushPacked(step, grad)
+//   EmberLookupPacked(step, anchor, order) -> pooled,
+//   EmberPushPacked(step, grad, order)
 //       the same with every feature side by side in one [batch, sum of dims]
 //       tensor (TorchRec's KeyedTensor layout): one output and one gradient
 //       instead of N, so a model that concatenates the features pays no
 //       concat and no per-feature slices in its backward.
+//
+// `order` is a resource the kernels never read: the layer passes its anchor
+// variable's handle (under tf.distribute, the replica's own copy). A
+// tf.function chains every stateful op that has no resource input in
+// program order, which under MirroredStrategy would make replica 1's lookup
+// wait for replica 0's, while the merged pipelines need all replicas'
+// lookups in flight at once; with a resource input, a lookup and push are
+// ordered only after the ops on their own replica's anchor.
 //
 // The pipeline is an attribute (the address of an ember_pipeline made by the
 // Python package in this process). Lookup may block on the network, so it is
@@ -34,7 +49,6 @@
 #include <vector>
 
 #include "ember/ember_c.h"
-#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -53,6 +67,9 @@ using tensorflow::TensorShape;
 struct EmberApi {
   decltype(&ember_last_error) last_error = nullptr;
   decltype(&ember_pipeline_prefetch_blocking) prefetch_blocking = nullptr;
+  decltype(&ember_pipeline_stage) stage = nullptr;
+  decltype(&ember_pipeline_claim) claim = nullptr;
+  decltype(&ember_pipeline_ticket_step) ticket_step = nullptr;
   decltype(&ember_pipeline_wait) wait = nullptr;
   decltype(&ember_pipeline_push) push = nullptr;
   decltype(&ember_pipeline_wait_packed) wait_packed = nullptr;
@@ -89,13 +106,17 @@ struct EmberApi {
     api.last_error = reinterpret_cast<decltype(api.last_error)>(dlsym(lib, "ember_last_error"));
     api.prefetch_blocking =
         reinterpret_cast<decltype(api.prefetch_blocking)>(dlsym(lib, "ember_pipeline_prefetch_blocking"));
+    api.stage = reinterpret_cast<decltype(api.stage)>(dlsym(lib, "ember_pipeline_stage"));
+    api.claim = reinterpret_cast<decltype(api.claim)>(dlsym(lib, "ember_pipeline_claim"));
+    api.ticket_step =
+        reinterpret_cast<decltype(api.ticket_step)>(dlsym(lib, "ember_pipeline_ticket_step"));
     api.wait = reinterpret_cast<decltype(api.wait)>(dlsym(lib, "ember_pipeline_wait"));
     api.push = reinterpret_cast<decltype(api.push)>(dlsym(lib, "ember_pipeline_push"));
     api.wait_packed =
         reinterpret_cast<decltype(api.wait_packed)>(dlsym(lib, "ember_pipeline_wait_packed"));
     api.push_packed =
         reinterpret_cast<decltype(api.push_packed)>(dlsym(lib, "ember_pipeline_push_packed"));
-    if (!api.last_error || !api.prefetch_blocking || !api.wait || !api.push || !api.wait_packed ||
+    if (!api.last_error || !api.prefetch_blocking || !api.stage || !api.claim || !api.ticket_step || !api.wait || !api.push || !api.wait_packed ||
         !api.push_packed) {
       api.error = path + " lacks a function this op library needs (a different build?)";
     }
@@ -169,24 +190,19 @@ absl::Status ScalarStep(OpKernelContext* ctx, int64_t* step) {
   return absl::OkStatus();
 }
 
-// Synchronous: it runs in the tf.data map of the input pipeline, whose own
-// thread may block while the step is too far ahead; an asynchronous kernel
-// there would make tf.data run the map function on the general executor,
-// which costs more than the whole fetch (measured: docs/python.md).
+// Synchronous and quick: it copies the batch into the pipeline's staging
+// and returns, in the tf.data map of the input pipeline.
 class PrefetchOp : public OpKernel {
  public:
   explicit PrefetchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("W", &w_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_));
     OP_REQUIRES(ctx, w_ == 0 || w_ == n_,
                 absl::InvalidArgumentError("attr W: expected 0 or N weights tensors"));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    int64_t step = 0;
-    OP_REQUIRES_OK(ctx, ScalarStep(ctx, &step));
     std::vector<ember_feature_batch> features(n_);
     for (int f = 0; f < n_; ++f) {
       const Tensor& offsets = ctx->input(1 + f);
@@ -202,32 +218,28 @@ class PrefetchOp : public OpKernel {
         features[f].num_weights = weights.NumElements();
       }
     }
-    // A blocked prefetch (waiting for training to push) must end when its
-    // step is cancelled, e.g. when an iterator is torn down after an error.
-    int cancelled = 0;
-    tensorflow::CancellationManager* cm = ctx->cancellation_manager();
-    tensorflow::CancellationToken token = tensorflow::CancellationManager::kInvalidToken;
-    if (cm != nullptr) {
-      token = cm->get_cancellation_token();
-      const bool registered = cm->RegisterCallback(
-          token, [&cancelled] { __atomic_store_n(&cancelled, 1, __ATOMIC_RELEASE); });
-      OP_REQUIRES(ctx, registered, absl::CancelledError("EmberPrefetch: cancelled"));
-    }
-    const int code = EmberApi::Get().prefetch_blocking(pipeline_, step, features.data(),
-                                                       features.size(), timeout_, &cancelled);
-    if (cm != nullptr) cm->DeregisterCallback(token);
+    int64_t ticket = 0;
+    const int code = EmberApi::Get().stage(pipeline_, features.data(), features.size(), &ticket);
     OP_REQUIRES(ctx, code == 0, FromEmber(code, "EmberPrefetch"));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = step;
+    out->scalar<int64_t>()() = ticket;
   }
 
  private:
   ember_pipeline* pipeline_ = nullptr;
   int n_ = 0;
   int w_ = 0;
-  float timeout_ = 600;
 };
+
+// The step of a ticket (ScalarStep's input), claiming it if need be.
+absl::Status Claim(OpKernelContext* ctx, ember_pipeline* pipeline, float timeout, int64_t* step,
+                   const char* what) {
+  int64_t ticket = 0;
+  TF_RETURN_IF_ERROR(ScalarStep(ctx, &ticket));
+  const int code = EmberApi::Get().claim(pipeline, ticket, timeout, step);
+  return code == 0 ? absl::OkStatus() : FromEmber(code, what);
+}
 
 // EmberLookup and EmberLookupPacked.
 class LookupOp : public AsyncOpKernel {
@@ -235,6 +247,7 @@ class LookupOp : public AsyncOpKernel {
   explicit LookupOp(OpKernelConstruction* ctx)
       : AsyncOpKernel(ctx), packed_(ctx->def().op() == "EmberLookupPacked") {
     OP_REQUIRES_OK(ctx, PipelineAttr(ctx, &pipeline_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_));
     if (packed_) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("total_dim", &total_dim_));
       return;
@@ -247,17 +260,17 @@ class LookupOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    int64_t step = 0;
-    OP_REQUIRES_OK_ASYNC(ctx, ScalarStep(ctx, &step), done);
-    worker_.Schedule([this, ctx, step, done = std::move(done)] {
-      ctx->SetStatus(Lookup(ctx, step));
+    worker_.Schedule([this, ctx, done = std::move(done)] {
+      ctx->SetStatus(Lookup(ctx));
       done();
     });
   }
 
  private:
-  absl::Status Lookup(OpKernelContext* ctx, int64_t step) {
+  absl::Status Lookup(OpKernelContext* ctx) {
     const EmberApi& api = EmberApi::Get();
+    int64_t step = 0;
+    TF_RETURN_IF_ERROR(Claim(ctx, pipeline_, timeout_, &step, packed_ ? "EmberLookupPacked" : "EmberLookup"));
     int64_t batch = 0;
     if (packed_) {
       int code = api.wait_packed(pipeline_, step, &batch, nullptr, 0);
@@ -288,6 +301,7 @@ class LookupOp : public AsyncOpKernel {
   ember_pipeline* pipeline_ = nullptr;
   std::vector<int64_t> dims_;
   int64_t total_dim_ = 0;
+  float timeout_ = 600;
   Worker worker_;
 };
 
@@ -303,7 +317,13 @@ class PushOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t step = 0;
-    OP_REQUIRES_OK(ctx, ScalarStep(ctx, &step));
+    {
+      // The lookup claimed the ticket: its step.
+      int64_t ticket = 0;
+      OP_REQUIRES_OK(ctx, ScalarStep(ctx, &ticket));
+      const int code = EmberApi::Get().ticket_step(pipeline_, ticket, &step);
+      OP_REQUIRES(ctx, code == 0, FromEmber(code, packed_ ? "EmberPushPacked" : "EmberPush"));
+    }
     Tensor* out = nullptr;
     if (packed_) {
       const Tensor& g = ctx->input(1);
@@ -338,19 +358,20 @@ REGISTER_OP("EmberPrefetch")
     .Input("offsets: N * int64")
     .Input("keys: N * int64")
     .Input("weights: W * float")
-    .Output("out_step: int64")
+    .Output("ticket: int64")
     .Attr("pipeline: int")
     .Attr("N: int >= 1")
     .Attr("W: int >= 0")
-    .Attr("timeout_seconds: float = 600")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("EmberLookup")
     .Input("step: int64")
     .Input("anchor: float")
+    .Input("order: resource")
     .Output("pooled: N * float")
     .Attr("pipeline: int")
+    .Attr("timeout_seconds: float = 600")
     .Attr("dims: list(int)")
     .Attr("N: int >= 1")
     .SetIsStateful()
@@ -366,6 +387,7 @@ REGISTER_OP("EmberLookup")
 REGISTER_OP("EmberPush")
     .Input("step: int64")
     .Input("grads: N * float")
+    .Input("order: resource")
     .Output("anchor_grad: float")
     .Attr("pipeline: int")
     .Attr("N: int >= 1")
@@ -378,8 +400,10 @@ REGISTER_OP("EmberPush")
 REGISTER_OP("EmberLookupPacked")
     .Input("step: int64")
     .Input("anchor: float")
+    .Input("order: resource")
     .Output("pooled: float")
     .Attr("pipeline: int")
+    .Attr("timeout_seconds: float = 600")
     .Attr("total_dim: int >= 1")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -393,6 +417,7 @@ REGISTER_OP("EmberLookupPacked")
 REGISTER_OP("EmberPushPacked")
     .Input("step: int64")
     .Input("grad: float")
+    .Input("order: resource")
     .Output("anchor_grad: float")
     .Attr("pipeline: int")
     .SetIsStateful()
@@ -407,3 +432,32 @@ REGISTER_KERNEL_BUILDER(Name("EmberPush").Device(tensorflow::DEVICE_CPU), ember_
 REGISTER_KERNEL_BUILDER(Name("EmberLookupPacked").Device(tensorflow::DEVICE_CPU),
                         ember_tf::LookupOp);
 REGISTER_KERNEL_BUILDER(Name("EmberPushPacked").Device(tensorflow::DEVICE_CPU), ember_tf::PushOp);
+// On a GPU replica the ops sit on the replica's device (a resource input is
+// placed with its resource) and work in host memory: TF copies the pooled
+// rows to the GPU after the lookup (one host-to-device copy per output, on
+// its copy stream) and the gradients back before the push. Compiled and
+// registered here; not yet run on a GPU.
+REGISTER_KERNEL_BUILDER(Name("EmberLookup")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("step")
+                            .HostMemory("anchor")
+                            .HostMemory("pooled"),
+                        ember_tf::LookupOp);
+REGISTER_KERNEL_BUILDER(Name("EmberPush")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("step")
+                            .HostMemory("grads")
+                            .HostMemory("anchor_grad"),
+                        ember_tf::PushOp);
+REGISTER_KERNEL_BUILDER(Name("EmberLookupPacked")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("step")
+                            .HostMemory("anchor")
+                            .HostMemory("pooled"),
+                        ember_tf::LookupOp);
+REGISTER_KERNEL_BUILDER(Name("EmberPushPacked")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("step")
+                            .HostMemory("grad")
+                            .HostMemory("anchor_grad"),
+                        ember_tf::PushOp);

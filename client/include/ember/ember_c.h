@@ -34,6 +34,7 @@ extern "C" {
 
 typedef struct ember_client ember_client;
 typedef struct ember_pipeline ember_pipeline;
+typedef struct ember_merger ember_merger;
 
 /* The message of the calling thread's last failed call ("" after none).
  * Valid until the thread's next failing call. */
@@ -106,6 +107,12 @@ typedef struct {
   /* Nonzero: no early fetch at staleness 0 (PipelineOptions::early_fetch
    * false); zero, the default, fetches early. */
   int no_early_fetch;
+  /* Several pipelines of one process (fields added after the ones above:
+   * zero-initialise the struct): the merger they share (NULL: none) and
+   * this pipeline's rank in it; staleness and first_step must equal the
+   * merger's (ember::PipelineOptions::merger). */
+  ember_merger* merger;
+  int merger_rank;
 } ember_pipeline_options;
 
 /* One feature of one step in CSR form (ember::FeatureBatch). weights may be
@@ -142,6 +149,28 @@ EMBER_C_API int ember_pipeline_prefetch_blocking(ember_pipeline* pipeline, int64
                                                  const ember_feature_batch* features,
                                                  size_t num_features, double timeout_s,
                                                  const int* cancel);
+/* Staged steps, for an input pipeline that may be iterated more than once
+ * or dropped early (tf.data: a new iterator per epoch, Keras drawing an
+ * element before training): the input pipeline stages each batch (copied;
+ * returns at once) and gets a ticket; training claims tickets in order.
+ * A claim gives the ticket the pipeline's next step and prefetches it (and
+ * staged tickets after it, as far as the prefetch depth allows); a staged
+ * ticket older than the one claimed was drawn and never trained, and is
+ * dropped. Pushes prefetch staged tickets ahead the same way. Tickets count
+ * from first_step, so they equal the steps while every staged batch is
+ * trained. All from the training thread except stage. FAILED_PRECONDITION
+ * when a ticket was never staged or an older one was already prefetched (its
+ * element was dropped after its rows were fetched). */
+EMBER_C_API int ember_pipeline_stage(ember_pipeline* pipeline, const ember_feature_batch* features,
+                                     size_t num_features, int64_t* ticket);
+/* Blocks (at most timeout_s) while the prefetch depth is full; *step is the
+ * ticket's step. Claiming a claimed ticket again gives its step. */
+EMBER_C_API int ember_pipeline_claim(ember_pipeline* pipeline, int64_t ticket, double timeout_s,
+                                     int64_t* step);
+/* The step of a claimed ticket not yet pushed (for its push); no effect.
+ * FAILED_PRECONDITION for another ticket. */
+EMBER_C_API int ember_pipeline_ticket_step(ember_pipeline* pipeline, int64_t ticket,
+                                           int64_t* step);
 /* Blocks until step's rows are pooled, then copies feature f's
  * [batch_size, dim(f)] rows into out[f], whose length out_lens[f] must be
  * batch_size * dim(f) (INVALID_ARGUMENT otherwise). *batch_size is set on
@@ -184,6 +213,36 @@ typedef struct {
 
 EMBER_C_API void ember_pipeline_stats_get(const ember_pipeline* pipeline,
                                           ember_pipeline_stats* out);
+
+/* --- Step merger (ember::StepMerger) ------------------------------------ */
+
+/* The pipelines of one process (one per GPU or per framework replica) send
+ * one request per shard per step between them: each rank's pipeline is made
+ * with ember_pipeline_options.merger and its rank, and the ranks make the
+ * same calls in the same order (ember/step_merger.h). The node is one SSP
+ * worker, `worker_id`. */
+typedef struct {
+  int ranks;           /* >= 1 */
+  uint32_t worker_id;
+  int staleness;       /* negative: asynchronous */
+  int64_t first_step;
+  double timeout_s;    /* a rank waiting longer for the others fails; <= 0: 60 s */
+  int no_early_fetch;  /* as ember_pipeline_options.no_early_fetch, for the node */
+} ember_merger_options;
+
+EMBER_C_API int ember_merger_create(ember_client* client, const ember_merger_options* options,
+                                    ember_merger** out);
+/* Its pipelines must be freed first; unregisters the node's worker. */
+EMBER_C_API void ember_merger_free(ember_merger* merger);
+
+typedef struct {
+  int64_t rounds;        /* merged exchanges sent */
+  int64_t fetch_rounds;  /* of which carried a fetch */
+  uint64_t rank_keys;    /* unique keys the ranks asked for, summed over ranks */
+  uint64_t merged_keys;  /* keys fetched after merging */
+} ember_merger_stats;
+
+EMBER_C_API void ember_merger_stats_get(const ember_merger* merger, ember_merger_stats* out);
 
 /* --- Pooling (the host code the pipeline uses) ----------------------- */
 
