@@ -2,6 +2,7 @@
 #include "ember/ember_c.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -47,6 +48,10 @@ struct ember_pipeline {
   int64_t next_prefetch ABSL_GUARDED_BY(stage_mu) = 0;
   std::condition_variable staged_cv;  // a batch was staged
   ember_merger* merger = nullptr;     // the merged ranks' shared decisions
+  int merger_rank = 0;
+  // The step the newest staged batch would get (next_prefetch + staged
+  // batches - 1), for the other merged ranks to read without this lock.
+  std::atomic<int64_t> staged_upto{0};
 };
 
 struct ember_merger {
@@ -59,6 +64,7 @@ struct ember_merger {
   // same order; a rank's staging runs on the input pipeline's thread).
   std::mutex mu;
   std::map<std::pair<int, int64_t>, int64_t> prefetch_upto ABSL_GUARDED_BY(mu);
+  std::vector<ember_pipeline*> ranks ABSL_GUARDED_BY(mu);  // null until made, after freed
 };
 
 namespace {
@@ -311,6 +317,15 @@ int ember_pipeline_create(ember_client* client, const ember_pipeline_options* op
   (*out)->pipeline = std::move(*pipeline);
   (*out)->next_push = options->first_step;
   (*out)->merger = options->merger;
+  (*out)->merger_rank = options->merger_rank;
+  (*out)->staged_upto = options->first_step - 1;
+  if (ember_merger* m = options->merger; m != nullptr) {
+    std::lock_guard<std::mutex> lock(m->mu);
+    if (m->ranks.size() <= static_cast<size_t>(options->merger_rank)) {
+      m->ranks.resize(options->merger_rank + 1, nullptr);
+    }
+    m->ranks[options->merger_rank] = *out;
+  }
   (*out)->next_ticket = options->first_step;
   (*out)->next_prefetch = options->first_step;
   return 0;
@@ -359,6 +374,10 @@ void MarkClosing(ember_pipeline* pipeline) {
 
 void ember_pipeline_free(ember_pipeline* pipeline) {
   if (pipeline == nullptr) return;
+  if (ember_merger* m = pipeline->merger; m != nullptr) {
+    std::lock_guard<std::mutex> lock(m->mu);
+    m->ranks[pipeline->merger_rank] = nullptr;
+  }
   MarkClosing(pipeline);
   delete pipeline;
 }
@@ -451,6 +470,13 @@ int PrefetchStaged(ember_pipeline* pipeline, std::unique_lock<std::mutex>& lock,
   if (ember_merger* m = pipeline->merger; m != nullptr) {
     std::lock_guard<std::mutex> decisions(m->mu);
     auto [it, first] = m->prefetch_upto.try_emplace({static_cast<int>(point), step}, upto);
+    if (first) {
+      // As far as every rank has staged: no rank waits for its input
+      // pipeline (which may itself wait for the step to end).
+      for (const ember_pipeline* rank : m->ranks) {
+        if (rank != nullptr) it->second = std::min(it->second, rank->staged_upto.load());
+      }
+    }
     upto = it->second;
     if (first) {
       // The ranks are within a few steps of each other: older points are done.
@@ -487,6 +513,12 @@ int PrefetchStaged(ember_pipeline* pipeline, std::unique_lock<std::mutex>& lock,
   return 0;
 }
 
+// Under stage_mu, after staged or next_prefetch changed.
+void PublishStaged(ember_pipeline* pipeline) {
+  pipeline->staged_upto =
+      pipeline->next_prefetch + static_cast<int64_t>(pipeline->staged.size()) - 1;
+}
+
 }  // namespace
 
 int ember_pipeline_prefetch(ember_pipeline* pipeline, int64_t step,
@@ -501,6 +533,7 @@ int ember_pipeline_stage(ember_pipeline* pipeline, const ember_feature_batch* fe
     std::lock_guard<std::mutex> lock(pipeline->stage_mu);
     *ticket = pipeline->next_ticket++;
     pipeline->staged.emplace(*ticket, std::move(batch));
+    PublishStaged(pipeline);
   }
   pipeline->staged_cv.notify_all();
   return 0;
@@ -529,6 +562,7 @@ int ember_pipeline_claim(ember_pipeline* pipeline, int64_t ticket, double timeou
   }
   // Older staged tickets were drawn and never trained (a dropped iterator).
   pipeline->staged.erase(pipeline->staged.begin(), pipeline->staged.lower_bound(ticket));
+  PublishStaged(pipeline);
   if (!pipeline->ticket_step.empty() && pipeline->ticket_step.begin()->first < ticket) {
     const auto& [old_ticket, old_step] = *pipeline->ticket_step.begin();
     return Fail(absl::FailedPreconditionError(absl::StrCat(

@@ -1,5 +1,8 @@
 """Runs the seed model variants (tf2_seed_model.py, torch_seed_model.py) each
 in its own process, `rounds` times in alternation, and prints the medians.
+With --replicas N > 1, the seed user's own setup instead: TensorFlow under
+MirroredStrategy over N devices (tf2_seed_model_replicas.py: dense, native
+as the seed user wrote it, Ember), with the ops each step executes.
 See seed_model_bench.sh."""
 
 import argparse
@@ -28,6 +31,18 @@ for _fw, _script, _peers in (("tensorflow", "tf2_seed_model.py", ["native", "tfr
 PEERS = {"native", "tfra", "torchrec"}
 
 
+def replica_variants(replicas):
+    """The seed user's setup: one TF process, MirroredStrategy over
+    `replicas` devices. PyTorch DDP and the node shuffle are not here yet."""
+    extra = ("--replicas", str(replicas))
+    out = [("tensorflow", f"dense x{replicas}", "tf2_seed_model_replicas.py", "dense", extra),
+           ("tensorflow", f"native x{replicas}", "tf2_seed_model_replicas.py", "native", extra)]
+    for way, args in EMBER_WAYS:
+        out.append(("tensorflow", f"ember {way} x{replicas}", "tf2_seed_model_replicas.py",
+                    "ember", args + extra))
+    return out
+
+
 def run(variant, args):
     _, _, script, mode, extra = variant
     cmd = [sys.executable, os.path.join(HERE, script), "--mode", mode, "--steps", str(args.steps),
@@ -47,7 +62,13 @@ def main():
     p.add_argument("--compute_ms", type=float, default=1.0)
     p.add_argument("--scale", type=int, default=100)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--replicas", type=int, default=1,
+                   help="N > 1: TensorFlow under MirroredStrategy over N logical devices")
     args = p.parse_args()
+    global VARIANTS, PEERS
+    if args.replicas > 1:
+        VARIANTS = replica_variants(args.replicas)
+        PEERS = {f"native x{args.replicas}"}
     print(f"# seed model: 17 features, batch 128, dim 8, cardinalities / {args.scale}, Adagrad, "
           f"{args.compute_ms} ms simulated compute, {args.steps} steps (30 warm-up), "
           f"{args.rounds} alternating rounds, {os.cpu_count()} cores, seed 1", flush=True)
@@ -74,7 +95,7 @@ def main():
                               statistics.median(x["cpu_ms_per_step"] for x in ok),
                               statistics.median(x["shard_cpu_ms_per_step"] for x in ok), ok[-1])
         peer = min((rows[p][0] for p in rows if p in PEERS), default=None)
-        dense = rows.get("dense", (None,))[0]
+        dense = rows.get("dense", rows.get(f"dense x{args.replicas}", (None,)))[0]
         for v in (x for x in VARIANTS if x[0] == fw):
             if v[1] not in rows:
                 print(f"{fw:<11} {v[1]:<19} failed: {results[v][-1]['error']}")
@@ -88,6 +109,13 @@ def main():
         if peer and dense:
             print(f"{fw:<11} {'(no embeddings)':<19} the most any path can reach vs the fastest "
                   f"peer: {peer / dense:.2f}x")
+    if args.replicas > 1:
+        print("\n# ops per node step (TensorFlow's profiler, 5 steps; DeserializeSparse grows "
+              "with replicas x features)")
+        for v in VARIANTS:
+            ok = [x for x in results[v] if "error" not in x]
+            if ok:
+                print(f"  {v[1]:<19} {ok[-1].get('ops', {})}")
     print("\n# configurations\n" + "\n".join(configs))
     versions = subprocess.run(
         [sys.executable, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout

@@ -6,6 +6,7 @@
 # batches, Adagrad, 1 ms of simulated compute per step; prints ms/step and
 # CPU ms/step of each, their loss curves, configurations and wheels.
 #   examples/seed_model_bench.sh [--steps 300] [--compute_ms 1] [--rounds 2]
+#   examples/seed_model_bench.sh --replicas 4   # TF under MirroredStrategy, 4 replicas
 # Sets up what it needs: the Python environment with the peers
 # (scripts/python_env.sh bench) and the build with the Python package.
 set -euo pipefail
