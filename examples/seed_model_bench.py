@@ -110,7 +110,7 @@ def main():
             print(f"{fw:<11} {'(no embeddings)':<19} the most any path can reach vs the fastest "
                   f"peer: {peer / dense:.2f}x")
     if args.replicas > 1:
-        print("\n# ops per node step (TensorFlow's profiler, 5 steps; DeserializeSparse grows "
+        print("\n# ops per node step (TensorFlow's profiler, 2 steps; DeserializeSparse grows "
               "with replicas x features)")
         for v in VARIANTS:
             ok = [x for x in results[v] if "error" not in x]

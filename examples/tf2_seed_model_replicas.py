@@ -21,7 +21,7 @@ features read from serialized tf.train.Example records:
     python examples/tf2_seed_model_replicas.py --mode ember --replicas 4
 
 Prints the loss curve, the ops a step executes (from TensorFlow's profiler
-over 5 more steps: those that grow with replicas x features, such as
+over 2 more steps: those that grow with replicas x features, such as
 DeserializeSparse, the collectives, _Send/_Recv, all kernels) and a RESULT
 line (ms and CPU ms per node step, timed before the profile). Run by examples/seed_model_bench.sh
 --replicas N beside the other variants.
@@ -62,7 +62,7 @@ COUNTED = ("DeserializeSparse", "SerializeSparse", "SerializeManySparse",
            "EmberLookup", "EmberLookupPacked", "EmberPush", "EmberPushPacked")
 
 
-def profiled_op_counts(step, steps=5) -> dict:
+def profiled_op_counts(step, steps=2) -> dict:
     """Ops executed per step, from TensorFlow's profiler over `steps` more
     steps: the counted types, _Send/_Recv, and all kernels."""
     import glob
@@ -107,7 +107,7 @@ def adagrad():
 
 def run(dist, make_dataset, replica_fn, meter):
     """The steps, the iterator inside the tf.function (as Keras' fit runs
-    them); returns the ops a step executes (profiled over 5 more steps)."""
+    them); returns the ops a step executes (profiled over 2 more steps)."""
     iterator = iter(dist.distribute_datasets_from_function(make_dataset))
 
     @tf.function
@@ -125,8 +125,8 @@ def run(dist, make_dataset, replica_fn, meter):
 
 
 def records_dataset(records, ragged):
-    # The replicas take the batches in turn (5 more steps for the profile).
-    return single.dataset(records, (ARGS.steps + 5) * REPLICAS, ragged=ragged)
+    # The replicas take the batches in turn (2 more steps for the profile).
+    return single.dataset(records, (ARGS.steps + 2) * REPLICAS, ragged=ragged)
 
 
 def run_native(records, meter):
