@@ -328,3 +328,18 @@ def test_in_process_shards_need_no_server_and_restore_their_checkpoint(tmp_path)
     assert (tmp_path / "shard-1" / "py-ckpt" / "MANIFEST").exists()
     again = ember.Client(inproc=2, inproc_checkpoint_dir=str(tmp_path), inproc_restore_from="py-ckpt")
     np.testing.assert_array_equal(again.lookup_rows(table, keys), trained)
+
+
+def test_tables_created_without_a_seed_start_the_same_id_with_different_rows(client):
+    """The default seed is the table's name's CRC-32 (ember.client.table_seed):
+    user 5 and item 5 do not start identical; an explicit seed still rules."""
+    from ember.client import table_seed
+    init = {"uniform": {"min": -1, "max": 1}}
+    a, b = new_table(client, dim=4, init=dict(init)), new_table(client, dim=4, init=dict(init))
+    keys = np.array([5, 6, 7], dtype=np.int64)
+    ra, rb = client.lookup_rows(a, keys, read_only=False), client.lookup_rows(b, keys, read_only=False)
+    assert not np.array_equal(ra, rb)
+    assert table_seed(a) != table_seed(b)
+    seeded = [new_table(client, dim=4, init={**init, "seed": table_seed(a)}) for _ in range(2)]
+    np.testing.assert_array_equal(client.lookup_rows(seeded[0], keys, read_only=False), ra)
+    np.testing.assert_array_equal(client.lookup_rows(seeded[1], keys, read_only=False), ra)

@@ -45,3 +45,20 @@ def test_versions_are_reported():
         versions[name] = done.stdout.strip().splitlines()[-1]
     print("wheels:", versions)
     assert all(versions.values())
+
+
+def test_import_ember_alone_then_the_framework_layers_load_on_first_use():
+    """The README's snippets: `import ember`, then ember.torch / ember.tf
+    without importing them; importing the package alone loads no framework."""
+    code = ("import sys, ember\n"
+            "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules\n"
+            + "".join(f"ember.{layer}.{cls}\n" for layer, cls, module in
+                      (("torch", "EmbeddingBagCollection", "torch"),
+                       ("tf", "EmbeddingLayer", "tensorflow")) if module in FRAMEWORKS)
+            + "print('loaded')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-3000:]
+    bad = subprocess.run([sys.executable, "-c", "import ember; ember.nothing"],
+                         capture_output=True, text=True, timeout=60)
+    assert "module 'ember' has no attribute 'nothing'" in bad.stderr
