@@ -207,8 +207,9 @@ def test_keras_fit_trains_through_the_layer_and_pushes_every_step(client):
 
 
 def test_a_prefetch_blocked_on_a_missing_push_ends_with_its_iterator(client):
-    """s = 0, depth 1: the input pipeline prefetches step 2 only after step 0
-    is pushed; dropping the iterator instead must not hang."""
+    """An iterator that ran ahead of training (its map staged batches whose
+    steps cannot be fetched before step 0 is pushed) is dropped instead:
+    that must not hang."""
     import gc
     import time
     rng = np.random.default_rng(9)
