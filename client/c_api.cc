@@ -52,6 +52,9 @@ struct ember_pipeline {
   // The step the newest staged batch would get (next_prefetch + staged
   // batches - 1), for the other merged ranks to read without this lock.
   std::atomic<int64_t> staged_upto{0};
+  // Set by the first stage: a pipeline fed by prefetch calls alone never
+  // pays the staging's lock and bookkeeping on its pushes.
+  std::atomic<bool> staging{false};
 };
 
 struct ember_merger {
@@ -535,6 +538,7 @@ int ember_pipeline_stage(ember_pipeline* pipeline, const ember_feature_batch* fe
     pipeline->staged.emplace(*ticket, std::move(batch));
     PublishStaged(pipeline);
   }
+  pipeline->staging = true;
   pipeline->staged_cv.notify_all();
   return 0;
 }
@@ -698,6 +702,9 @@ int ember_pipeline_push(ember_pipeline* pipeline, int64_t step, const float* con
       pipeline->next_push = step + 1;
     }
     pipeline->pushed.notify_all();
+    // A push precedes nothing staged unless its step was claimed, which
+    // needs a stage first.
+    if (!pipeline->staging) return 0;
     std::unique_lock<std::mutex> lock(pipeline->stage_mu);
     for (auto it = pipeline->ticket_step.begin(); it != pipeline->ticket_step.end();) {
       it = it->second <= step ? pipeline->ticket_step.erase(it) : std::next(it);

@@ -82,6 +82,14 @@ def concat(parts):
             np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
+def push_y(layer, step, y):
+    """One step of the loss sum(pooled * y): pushes d(pooled) = y."""
+    with tf.GradientTape() as tape:
+        out = layer(step)
+        loss = tf.reduce_sum(out["a"] * y[0]) + tf.reduce_sum(out["b"] * y[1])
+    tape.gradient(loss, [layer.anchor])
+
+
 def train_under_strategy(client, table, data, per_replica_input=True):
     """Trains `data` with a layer made in a MirroredStrategy's scope, each
     replica pushing d(pooled) = its y; returns the layer's merger stats."""
@@ -101,10 +109,7 @@ def train_under_strategy(client, table, data, per_replica_input=True):
                            global_batches=True))
 
     def replica_step(step, y):
-        with tf.GradientTape() as tape:
-            out = layer(step)
-            loss = tf.reduce_sum(out["a"] * y[0]) + tf.reduce_sum(out["b"] * y[1])
-        tape.gradient(loss, [layer.anchor])
+        push_y(layer, step, y)
 
     @tf.function
     def train(it):
@@ -190,10 +195,7 @@ def train_one_replica(client, table, data):
 
     @tf.function
     def train(step, y):
-        with tf.GradientTape() as tape:
-            out = layer(step)
-            loss = tf.reduce_sum(out["a"] * y[0]) + tf.reduce_sum(out["b"] * y[1])
-        tape.gradient(loss, [layer.anchor])
+        push_y(layer, step, y)
 
     for step, y in ds:
         train(step, y)
@@ -313,10 +315,7 @@ def test_a_custom_loop_over_several_epochs_with_a_new_prefetch_per_epoch(client)
 
     @tf.function
     def train(step, y):
-        with tf.GradientTape() as tape:
-            out = layer(step)
-            loss = tf.reduce_sum(out["a"] * y[0]) + tf.reduce_sum(out["b"] * y[1])
-        tape.gradient(loss, [layer.anchor])
+        push_y(layer, step, y)
 
     seen = []
     reused = layer.prefetch(dataset(data), features, then=targets)
