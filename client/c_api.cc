@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "c_api_transport.h"
 #include "ember/client.h"
 #include "pooling.h"
 #include "ember/step_merger.h"
@@ -82,6 +83,12 @@ int Fail(const absl::Status& status) {
   last_error = std::string(status.message());
   return static_cast<int>(status.code());
 }
+
+}  // namespace
+
+int ember::c_abi::Fail(const absl::Status& status) { return ::Fail(status); }
+
+namespace {
 
 int Report(const absl::Status& status) {
   if (status.ok()) return 0;
@@ -303,6 +310,10 @@ int ember_pipeline_create(ember_client* client, const ember_pipeline_options* op
     pipeline_options.merger = options->merger->merger.get();
     pipeline_options.merger_rank = options->merger_rank;
   }
+  if (options->node_transport != nullptr) {
+    pipeline_options.node_transport = ember::c_abi::TransportOf(options->node_transport);
+  }
+  pipeline_options.node_one_worker = options->node_one_worker != 0;
   for (size_t f = 0; f < options->num_features; ++f) {
     const ember_feature_spec& spec = options->features[f];
     if (spec.name == nullptr || spec.table == nullptr) {

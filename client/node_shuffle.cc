@@ -71,8 +71,10 @@ uint32_t OwnerRank(uint64_t key, uint32_t ranks) {
   return static_cast<uint32_t>(((Mix64(key ^ 0xbb67ae8584caa73bULL) >> 32) * ranks) >> 32);
 }
 
-NodeShuffle::NodeShuffle(ShuffleTransport* transport, std::vector<uint32_t> dims)
-    : transport_(transport), dims_(std::move(dims)) {}
+NodeShuffle::NodeShuffle(ShuffleTransport* transport, std::vector<uint32_t> dims, Owner owner)
+    : transport_(transport), dims_(std::move(dims)), owner_(std::move(owner)) {
+  if (!owner_) owner_ = [n = transport_->size()](uint64_t key) { return OwnerRank(key, n); };
+}
 
 uint32_t NodeShuffle::rank() const { return transport_->rank(); }
 uint32_t NodeShuffle::ranks() const { return transport_->size(); }
@@ -120,7 +122,7 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> NodeShuffle::RouteKeys(
     route.mine = unique_keys[t].size();
     for (auto& v : by_owner) v.clear();
     for (size_t i = 0; i < unique_keys[t].size(); ++i) {
-      const uint32_t owner = OwnerRank(unique_keys[t][i], n);
+      const uint32_t owner = owner_(unique_keys[t][i]);
       by_owner[owner].push_back(unique_keys[t][i]);
       route.sent_pos[owner].push_back(static_cast<uint32_t>(i));
     }

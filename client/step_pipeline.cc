@@ -58,8 +58,18 @@ class StepPipeline::Impl {
     // call order (a fetch still waits for this worker's own earlier push, as
     // SSP requires): the ranks then meet in the same collectives in the same
     // order whatever their timing.
+    if (options_.node_one_worker && options_.node_transport == nullptr) {
+      return absl::InvalidArgumentError(
+          "node_one_worker: expected a node_transport to share the worker over, received none");
+    }
     if (options_.node_transport != nullptr) {
-      node_ = std::make_unique<NodeShuffle>(options_.node_transport, table_dim_);
+      NodeShuffle::Owner owner;
+      if (options_.node_one_worker) {
+        owner = [client = client_, ranks = options_.node_transport->size()](uint64_t key) {
+          return client->ShardOf(key) % ranks;
+        };
+      }
+      node_ = std::make_unique<NodeShuffle>(options_.node_transport, table_dim_, std::move(owner));
     }
     telemetry_.emplace(*client_, options_.worker_id, options_.staleness, options_.trace,
                        options_.metrics);
@@ -112,7 +122,10 @@ class StepPipeline::Impl {
                                          : std::max(1, options_.staleness);
     so.depth = depth_;
     scheduler_.emplace(so);
-    if (options_.staleness >= 0 && options_.merger == nullptr) {
+    // A node that is one worker registers it once: every other rank's first
+    // exchange follows a collective with rank 0, so it is registered by then.
+    if (options_.staleness >= 0 && options_.merger == nullptr &&
+        (!options_.node_one_worker || node_->rank() == 0)) {
       EMBER_RETURN_IF_ERROR(client_->RegisterWorker(options_.worker_id, options_.first_step));
       registered_ = true;
     }
@@ -228,6 +241,12 @@ class StepPipeline::Impl {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (error_.ok()) error_ = absl::FailedPreconditionError("the pipeline is closed");
+    }
+    if (options_.node_one_worker && close_status_.ok()) {
+      // Every rank's last push is applied before rank 0 unregisters the
+      // node's worker (a push of an unregistered worker would be refused).
+      std::vector<std::vector<uint8_t>> none(node_->ranks()), recv;
+      close_status_ = options_.node_transport->AllToAll(none, &recv);
     }
     if (registered_) {
       absl::Status s = client_->UnregisterWorker(options_.worker_id);
@@ -495,6 +514,7 @@ class StepPipeline::Impl {
     requests->assign(shards, {});
     uint64_t sent = 0;
     for (uint32_t sh = 0; sh < shards; ++sh) {
+      if (!Talks(sh)) continue;
       v1::PushRequest& r = (*requests)[sh];
       r.set_worker_id(options_.worker_id);
       r.set_step(s.step);
@@ -543,7 +563,9 @@ class StepPipeline::Impl {
       std::vector<v1::PushRequest> pushes;
       EMBER_ASSIGN_OR_RETURN(const uint64_t bytes, BuildPush(*push, grads, &pushes));
       CountBytes(*push, bytes, 0, 0);
-      for (uint32_t sh = 0; sh < shards; ++sh) requests[sh].mutable_push()->Swap(&pushes[sh]);
+      for (uint32_t sh = 0; sh < shards; ++sh) {
+        if (Talks(sh)) requests[sh].mutable_push()->Swap(&pushes[sh]);
+      }
     }
     bool peek = false;
     if (fetch) {
@@ -590,6 +612,12 @@ class StepPipeline::Impl {
       MarkReady(*fetch);
     }
     return absl::OkStatus();
+  }
+
+  // Whether this pipeline sends to shard `sh` at all: a node that is one
+  // worker talks to each shard from one rank (its keys' owner).
+  bool Talks(uint32_t sh) const {
+    return !options_.node_one_worker || sh % node_->ranks() == node_->rank();
   }
 
   // The consistency fields of a lookup of `step` (none when asynchronous).

@@ -15,10 +15,10 @@ works, as does `import ember.tf`), so that this package needs neither.
 
 from ._errors import EmberError, StatusCode
 from ._ember import pool_backward, pool_forward
-from .client import Client, Feature, StepMerger, StepPipeline
+from .client import Client, Feature, StepMerger, StepPipeline, Transport
 
 __all__ = ["Client", "EmberError", "Feature", "StatusCode", "StepMerger", "StepPipeline",
-           "pool_backward", "pool_forward"]
+           "Transport", "pool_backward", "pool_forward"]
 __version__ = "0.1.0"
 
 

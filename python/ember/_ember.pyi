@@ -1,7 +1,7 @@
 """Type stubs of ember._ember, the native binding (use ember.Client,
 ember.StepPipeline, ember.StepMerger, ember.pool_forward / pool_backward)."""
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -38,11 +38,22 @@ class StepMerger:
                  first_step: int, timeout_s: float, early_fetch: bool) -> None: ...
     def stats(self) -> Dict[str, int]: ...
 
+class Transport:
+    def __init__(self, rank: int, size: int,
+                 all_to_all: Callable[[List[bytes]], Sequence[Any]]) -> None: ...
+    @staticmethod
+    def in_process_group(size: int) -> List["Transport"]: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
 class StepPipeline:
     def __init__(self, client: Client, worker_id: int, features: List[Tuple[str, str, int]],
                  staleness: int, prefetch_depth: int, first_step: int,
                  early_fetch: bool = ..., merger: Optional[StepMerger] = ...,
-                 merger_rank: int = ...) -> None: ...
+                 merger_rank: int = ..., transport: Optional[Transport] = ...,
+                 node_one_worker: bool = ...) -> None: ...
     def prefetch(self, step: int,
                  batch: Union[Sequence[FeatureEntry], Mapping[str, FeatureEntry]]) -> None: ...
     def wait(self, step: int,

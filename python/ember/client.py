@@ -180,6 +180,24 @@ class StepMerger(_ember.StepMerger):
         self.early_fetch = early_fetch
 
 
+class Transport(_ember.Transport):
+    """A rank's share of a node's all-to-all, for the node shuffle: the
+    ranks of one node in several processes (one per GPU) trade keys, rows
+    and gradients so that each unique key of the node is fetched and pushed
+    once (ember::NodeShuffle).
+
+        Transport(rank, size, all_to_all)   # all_to_all(list of `size`
+                                            # bytes) -> `size` buffers
+        Transport.in_process_group(size)    # threads of this process
+
+    all_to_all runs on the pipeline's background thread (with the GIL), in
+    the same order on every rank; block r goes to rank r and the r-th
+    returned buffer is what rank r sent. An exception in it fails the
+    pipeline (UNAVAILABLE, with its message). ember.torch.node_transport()
+    builds one over torch.distributed. Keep it until its pipeline is closed.
+    """
+
+
 class StepPipeline(_ember.StepPipeline):
     """One trainer replica's embedding pipeline (ember::StepPipeline).
 
@@ -208,12 +226,26 @@ class StepPipeline(_ember.StepPipeline):
     merger / rank: this pipeline is rank `rank` of an ember.StepMerger
     (several replicas of one process); staleness, first_step and early_fetch
     are then the merger's, and worker_id only labels the pipeline.
+
+    transport: this pipeline is its rank of an ember.Transport (the ranks
+    of one node in several processes share their keys and rows: the node
+    shuffle); every rank makes the same calls in the same order, close()
+    included. node_one_worker (the default with a transport): the node is
+    one SSP worker, `worker_id` the same on every rank, and each shard
+    hears from one rank (one request per shard per node step); False: each
+    rank is its own worker (its own worker_id) and talks to every shard.
+    Early fetch is not used with a transport.
     """
 
     def __init__(self, client: Client, features: Sequence[FeatureLike], *,
                  staleness: Optional[int] = None, worker_id: int = 0, prefetch_depth: int = -1,
                  first_step: Optional[int] = None, early_fetch: Optional[bool] = None,
-                 merger: Optional[StepMerger] = None, rank: int = 0):
+                 merger: Optional[StepMerger] = None, rank: int = 0,
+                 transport: Optional[Transport] = None, node_one_worker: bool = True):
+        if transport is not None and merger is not None:
+            raise ValueError("StepPipeline: merger and transport; expected one of them "
+                             "(a merger joins the replicas of one process, a transport "
+                             "the processes of one node)")
         if merger is not None:
             for name, value, merged in (("staleness", staleness, merger.staleness),
                                         ("first_step", first_step, merger.first_step)):
@@ -228,8 +260,10 @@ class StepPipeline(_ember.StepPipeline):
         super().__init__(client, worker_id, [_feature(f) for f in features],
                          0 if staleness is None else staleness, prefetch_depth,
                          0 if first_step is None else first_step,
-                         True if early_fetch is None else early_fetch, merger, rank)
-        self.rank = rank
+                         True if early_fetch is None else early_fetch, merger, rank,
+                         transport, transport is not None and node_one_worker)
+        self.rank = transport.rank if transport is not None else rank
+        self.transport = transport
 
     def __enter__(self):
         return self

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import _ember
-from .client import Client, StepPipeline
+from .client import Client, StepPipeline, Transport
 
 
 class KeyedJaggedTensor:
@@ -189,6 +189,48 @@ def pool(rows: torch.Tensor, offsets: torch.Tensor, inverse: torch.Tensor,
                        combiner)
 
 
+def node_transport(group=None) -> Transport:
+    """This rank's ember.Transport over torch.distributed, for the node
+    shuffle of ranks in several processes (torchrun, one process per GPU):
+    an all-to-all of byte blocks as two all_to_all_single calls (the block
+    sizes, then the bytes). `group`: the ranks of this node; default, a new
+    group of every rank (dist.new_group: a collective, so every rank calls
+    this at the same point). Its own group, not DDP's: the shuffle runs on
+    the pipeline's background thread while DDP all-reduces on others, and a
+    process group must see its collectives in one order. On NCCL the blocks
+    go through the current CUDA device; on gloo through host memory."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise RuntimeError("ember.torch.node_transport: torch.distributed is not initialized; "
+                           "call torch.distributed.init_process_group first (torchrun sets "
+                           "its environment)")
+    if group is None:
+        group = dist.new_group(backend=dist.get_backend())
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+
+    def all_to_all(blocks: List[bytes]) -> List[memoryview]:
+        sizes = torch.tensor([len(b) for b in blocks], dtype=torch.int64, device=device)
+        got_sizes = torch.empty_like(sizes)
+        dist.all_to_all_single(got_sizes, sizes, group=group)
+        send_splits, recv_splits = sizes.tolist(), got_sizes.tolist()
+        joined = b"".join(blocks)
+        send = (torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
+                else torch.empty(0, dtype=torch.uint8)).to(device)
+        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
+        dist.all_to_all_single(recv, send, output_split_sizes=recv_splits,
+                               input_split_sizes=send_splits, group=group)
+        view = memoryview(recv.cpu().numpy())
+        out, at = [], 0
+        for n in recv_splits:
+            out.append(view[at:at + n])
+            at += n
+        return out
+
+    return Transport(rank, size, all_to_all)
+
+
 class EmbeddingBagCollection(torch.nn.Module):
     """Pooled embeddings of several sparse features from Ember tables.
 
@@ -199,11 +241,21 @@ class EmbeddingBagCollection(torch.nn.Module):
     fetch the next step's rows while this one computes and bring them
     forward exactly (ember.StepPipeline). The module owns one ember.StepPipeline;
     close() (or the end of a `with`) flushes and unregisters it.
+
+    Several GPUs of a node, one process each (torchrun): with
+    node_transport=ember.torch.node_transport() the ranks share their
+    traffic (the node shuffle): each unique key of the node is fetched and
+    pushed once, each shard gets one request per node step, and the node is
+    one SSP worker (`worker_id`: the node's, the same on every rank).
+    Without it each rank is its own worker (give each its own worker_id).
+    The module has no parameters, so DDP around a model that holds it
+    all-reduces only the dense part (docs/python.md).
     """
 
     def __init__(self, client: Client, tables: Sequence[EmbeddingBagConfig], *,
                  staleness: int = 0, worker_id: int = 0, prefetch_depth: int = -1,
-                 first_step: int = 0, create_tables: bool = True, early_fetch: bool = True):
+                 first_step: int = 0, create_tables: bool = True, early_fetch: bool = True,
+                 node_transport: Optional[Transport] = None):
         super().__init__()
         self._client = client
         features = []
@@ -216,7 +268,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._names = [f[0] for f in features]
         self._pipe = StepPipeline(client, features, staleness=staleness, worker_id=worker_id,
                                   prefetch_depth=prefetch_depth, first_step=first_step,
-                                  early_fetch=early_fetch)
+                                  early_fetch=early_fetch, transport=node_transport)
         self._dims = list(self._pipe.dims)
         self._width = sum(self._dims)
         self._next_prefetch = first_step

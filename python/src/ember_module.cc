@@ -208,12 +208,77 @@ class StepMerger {
   ember_merger* merger_ = nullptr;
 };
 
+// A rank's node transport (ember_transport): an all-to-all in Python
+// (`all_to_all(blocks) -> blocks`, one bytes object per rank each way), or
+// one of an in-process group (InProcessGroup). The callable runs on the
+// pipeline's background thread, which takes the GIL for it.
+class Transport {
+ public:
+  Transport(uint32_t rank, uint32_t size, py::function all_to_all)
+      : rank_(rank), size_(size), all_to_all_(std::move(all_to_all)) {
+    CallReleased([&] { return ember_transport_create(rank, size, &Call, this, &transport_); });
+  }
+  Transport(uint32_t rank, uint32_t size, ember_transport* in_process)
+      : rank_(rank), size_(size), transport_(in_process) {}
+  ~Transport() { ember_transport_free(transport_); }
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  static std::vector<std::unique_ptr<Transport>> InProcessGroup(uint32_t size) {
+    std::vector<ember_transport*> handles(size);
+    CallReleased([&] { return ember_transports_in_process(size, handles.data()); });
+    std::vector<std::unique_ptr<Transport>> out;
+    for (uint32_t r = 0; r < size; ++r) out.push_back(std::make_unique<Transport>(r, size, handles[r]));
+    return out;
+  }
+
+  uint32_t rank() const { return rank_; }
+  uint32_t size() const { return size_; }
+  ember_transport* get() const { return transport_; }
+
+ private:
+  static int Call(void* user, uint32_t ranks, const uint8_t* const* send, const size_t* sizes,
+                  ember_alltoall_recv* recv) {
+    auto* self = static_cast<Transport*>(user);
+    py::gil_scoped_acquire gil;
+    try {
+      py::list blocks(ranks);
+      for (uint32_t r = 0; r < ranks; ++r) {
+        blocks[r] = py::bytes(reinterpret_cast<const char*>(send[r]), sizes[r]);
+      }
+      const py::sequence got = self->all_to_all_(blocks);
+      if (got.size() != ranks) {
+        throw py::value_error("all_to_all returned " + std::to_string(got.size()) +
+                              " blocks; expected " + std::to_string(ranks));
+      }
+      for (uint32_t r = 0; r < ranks; ++r) {
+        const py::buffer_info b = py::buffer(got[r]).request();
+        if (int code = ember_alltoall_recv_set(recv, r, static_cast<const uint8_t*>(b.ptr),
+                                               static_cast<size_t>(b.size * b.itemsize));
+            code != 0) {
+          return code;
+        }
+      }
+      return 0;
+    } catch (const std::exception& e) {
+      // torch.distributed failed (a peer gone, a timeout): the group is unusable.
+      ember_alltoall_recv_fail(recv, e.what());
+      return 14;  // UNAVAILABLE
+    }
+  }
+
+  uint32_t rank_;
+  uint32_t size_;
+  py::function all_to_all_;
+  ember_transport* transport_ = nullptr;
+};
+
 class StepPipeline {
  public:
   StepPipeline(Client& client, uint32_t worker_id,
                const std::vector<std::tuple<std::string, std::string, int>>& features,
                int staleness, int prefetch_depth, int64_t first_step, bool early_fetch,
-               StepMerger* merger, int merger_rank) {
+               StepMerger* merger, int merger_rank, Transport* transport, bool node_one_worker) {
     std::vector<ember_feature_spec> specs;
     for (const auto& [name, table, combiner] : features) {
       specs.push_back({name.c_str(), table.c_str(), combiner});
@@ -221,7 +286,9 @@ class StepPipeline {
     }
     ember_pipeline_options options{worker_id,      specs.data(), specs.size(), staleness,
                                    prefetch_depth, first_step,   !early_fetch,
-                                   merger == nullptr ? nullptr : merger->get(), merger_rank};
+                                   merger == nullptr ? nullptr : merger->get(), merger_rank,
+                                   transport == nullptr ? nullptr : transport->get(),
+                                   node_one_worker ? 1 : 0};
     CallReleased([&] { return ember_pipeline_create(client.get(), &options, &pipeline_); });
     for (size_t f = 0; f < names_.size(); ++f) dims_.push_back(ember_pipeline_dim(pipeline_, f));
   }
@@ -608,14 +675,23 @@ PYBIND11_MODULE(_ember, m) {
            py::arg("timeout_s"), py::arg("early_fetch"), py::keep_alive<1, 2>())
       .def("stats", &StepMerger::Stats);
 
-  // keep_alive: the client, and the merger (None for none), outlive the pipeline.
+  py::class_<Transport>(m, "Transport")
+      .def(py::init<uint32_t, uint32_t, py::function>(), py::arg("rank"), py::arg("size"),
+           py::arg("all_to_all"))
+      .def_static("in_process_group", &Transport::InProcessGroup, py::arg("size"))
+      .def_property_readonly("rank", &Transport::rank)
+      .def_property_readonly("size", &Transport::size);
+
+  // keep_alive: the client, the merger and the transport (None for none)
+  // outlive the pipeline.
   py::class_<StepPipeline>(m, "StepPipeline")
       .def(py::init<Client&, uint32_t, const std::vector<std::tuple<std::string, std::string, int>>&,
-                    int, int, int64_t, bool, StepMerger*, int>(),
+                    int, int, int64_t, bool, StepMerger*, int, Transport*, bool>(),
            py::arg("client"), py::arg("worker_id"), py::arg("features"), py::arg("staleness"),
            py::arg("prefetch_depth"), py::arg("first_step"), py::arg("early_fetch") = true,
-           py::arg("merger") = nullptr, py::arg("merger_rank") = 0, py::keep_alive<1, 2>(),
-           py::keep_alive<1, 9>())
+           py::arg("merger") = nullptr, py::arg("merger_rank") = 0,
+           py::arg("transport") = nullptr, py::arg("node_one_worker") = false,
+           py::keep_alive<1, 2>(), py::keep_alive<1, 9>(), py::keep_alive<1, 11>())
       .def("prefetch", &StepPipeline::Prefetch, py::arg("step"), py::arg("batch"))
       .def("wait", &StepPipeline::Wait, py::arg("step"), py::arg("out") = py::none())
       .def("prefetch_jagged", &StepPipeline::PrefetchJagged, py::arg("step"), py::arg("values"),

@@ -811,6 +811,57 @@ TEST_P(PipelineIntegrationTest, NodeShuffleWithStalenessOneTrainsEveryStep) {
   }
 }
 
+// The node as one SSP worker (node_one_worker): rank r alone talks to the
+// shards s with s % ranks == r, so each shard gets one push and one lookup
+// per node step, whatever the rank count; rows as the single GPU's.
+TEST_P(PipelineIntegrationTest, NodeShuffleAsOneWorkerSendsEachShardOneRequestPerNodeStep) {
+  StartShards(2);
+  auto transports = NewInProcessTransports(kNodeRanks);
+  NodeRun run;
+  TrainNodeBesideOneGpu(client_.get(), [&](uint32_t r) {
+    PipelineOptions o;
+    o.worker_id = 60;  // the node's, on every rank
+    o.features = kFeatures;
+    o.staleness = 0;
+    o.node_transport = transports[r].get();
+    o.node_one_worker = true;
+    return o;
+  }, &run);
+  if (HasFatalFailure()) return;
+  ExpectNodeTrainsLikeOneGpu(run);
+  uint64_t fetched = 0;
+  for (const PipelineStats& st : run.stats) fetched += st.unique_keys;
+  EXPECT_EQ(fetched, run.single_stats.unique_keys);
+  // At s = 0 without early fetch each step is a lookup, then a push: at
+  // most 2 RPCs per shard per step (3 ranks each talking to every shard
+  // would send 3x as many), and at least the pushes, which every step sends;
+  // plus the one unregistration per shard at Close.
+  EXPECT_LE(run.node_rpcs, 2u * 2 * kNodeSteps + 2);
+  EXPECT_GE(run.node_rpcs, 2u * kNodeSteps + 2);
+  // Rank 2 owns no shard of 2: it never sent anything itself.
+  EXPECT_EQ(run.stats[2].unique_keys, 0u);
+  // The node's one worker reached the last step on every shard, and was
+  // unregistered at Close only after every rank's last push.
+  auto infos = client_->ShardInfos();
+  ASSERT_OK(infos);
+  for (const auto& info : *infos) {
+    for (const auto& w : info.workers()) {
+      EXPECT_NE(w.worker_id(), 60u) << "Close unregisters the node's worker";
+      EXPECT_FALSE(w.worker_id() < kNodeRanks) << "no rank registers a worker of its own";
+    }
+  }
+}
+
+TEST_P(PipelineIntegrationTest, NodeOneWorkerWithoutATransportIsRefused) {
+  StartShards(2);
+  PipelineOptions o;
+  o.features = kFeatures;
+  o.node_one_worker = true;
+  auto p = StepPipeline::Create(client_.get(), o);
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+  EXPECT_NE(p.status().message().find("node_transport"), std::string::npos) << p.status();
+}
+
 // ---- The step merger (PipelineOptions::merger).
 
 // Trains the node's ranks through one StepMerger with options `mo` (ranks,

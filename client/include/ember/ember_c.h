@@ -14,7 +14,9 @@
  * Threads: every function may be called from any thread; a client is shared;
  * a pipeline's prefetches come from one thread, its waits and pushes from
  * one thread (the same or another: see ember::StepPipeline).
- * None of them calls back into the caller.
+ * None of them calls back into the caller, but for one: a transport made
+ * with ember_transport_create runs its all-to-all callback on the thread of
+ * the pipeline that uses it.
  *
  * Memory: pointers passed in are read during the call only (copied where kept);
  * strings returned through `char**` are the caller's, freed with
@@ -35,6 +37,7 @@ extern "C" {
 typedef struct ember_client ember_client;
 typedef struct ember_pipeline ember_pipeline;
 typedef struct ember_merger ember_merger;
+typedef struct ember_transport ember_transport;
 
 /* The message of the calling thread's last failed call ("" after none).
  * Valid until the thread's next failing call. */
@@ -113,6 +116,12 @@ typedef struct {
    * merger's (ember::PipelineOptions::merger). */
   ember_merger* merger;
   int merger_rank;
+  /* Several processes of one node (fields added after the ones above):
+   * this rank's transport (NULL: none; not with a merger) and, nonzero,
+   * the node is one SSP worker (ember::PipelineOptions::node_transport,
+   * node_one_worker). The transport must outlive the pipeline. */
+  ember_transport* node_transport;
+  int node_one_worker;
 } ember_pipeline_options;
 
 /* One feature of one step in CSR form (ember::FeatureBatch). weights may be
@@ -243,6 +252,34 @@ typedef struct {
 } ember_merger_stats;
 
 EMBER_C_API void ember_merger_stats_get(const ember_merger* merger, ember_merger_stats* out);
+
+/* --- Node transport (ember::ShuffleTransport) -------------------------- */
+
+/* The ranks of a node in several processes share their keys, rows and
+ * gradients through an all-to-all the caller provides (in Python:
+ * torch.distributed). One call of `fn`: send[r] (send_sizes[r] bytes) goes
+ * to rank r; before returning 0, `fn` hands what rank r sent to this rank
+ * to ember_alltoall_recv_set(recv, r, ...), for every r. On failure it
+ * calls ember_alltoall_recv_fail(recv, message) and returns a gRPC code;
+ * the pipeline then fails with it. Every rank's `fn` is called in the same
+ * order, from its pipeline's background thread; `recv` is valid during the
+ * call only. */
+typedef struct ember_alltoall_recv ember_alltoall_recv;
+typedef int (*ember_alltoall_fn)(void* user, uint32_t ranks, const uint8_t* const* send,
+                                 const size_t* send_sizes, ember_alltoall_recv* recv);
+/* INVALID_ARGUMENT for a rank out of range. Copies `data`. */
+EMBER_C_API int ember_alltoall_recv_set(ember_alltoall_recv* recv, uint32_t rank,
+                                        const uint8_t* data, size_t size);
+EMBER_C_API void ember_alltoall_recv_fail(ember_alltoall_recv* recv, const char* message);
+
+/* Rank `rank` of `size` over `fn` (`user` passed through, not owned). */
+EMBER_C_API int ember_transport_create(uint32_t rank, uint32_t size, ember_alltoall_fn fn,
+                                       void* user, ember_transport** out);
+/* `size` connected transports for threads of this process (rank i in
+ * out[i]; ember::NewInProcessTransports). */
+EMBER_C_API int ember_transports_in_process(uint32_t size, ember_transport** out);
+/* Its pipeline must be freed first. */
+EMBER_C_API void ember_transport_free(ember_transport* transport);
 
 /* --- Pooling (the host code the pipeline uses) ----------------------- */
 

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -71,8 +72,14 @@ std::vector<std::unique_ptr<ShuffleTransport>> NewInProcessTransports(uint32_t s
 
 class NodeShuffle {
  public:
+  // Which rank owns `key` (below ranks()); the same function on every rank.
+  using Owner = std::function<uint32_t(uint64_t key)>;
+
   // `dims[t]` is table t's row width. `transport` must outlive this.
-  NodeShuffle(ShuffleTransport* transport, std::vector<uint32_t> dims);
+  // `owner`: empty for OwnerRank(key, ranks()) (every rank owns a share of
+  // every shard's keys); a pipeline whose node is one SSP worker passes the
+  // key's shard modulo ranks, so each shard hears from one rank only.
+  NodeShuffle(ShuffleTransport* transport, std::vector<uint32_t> dims, Owner owner = {});
 
   uint32_t rank() const;
   uint32_t ranks() const;
@@ -145,6 +152,7 @@ class NodeShuffle {
 
   ShuffleTransport* transport_;
   std::vector<uint32_t> dims_;
+  Owner owner_;
   // Routed steps not yet reduced, oldest first.
   std::deque<Route> routes_;
   uint64_t bytes_sent_ = 0;

@@ -107,6 +107,15 @@ struct PipelineOptions {
   // order; each is its own SSP worker. A failure on one rank stops the others
   // when their transport times out. Null: no exchange. Not owned.
   ShuffleTransport* node_transport = nullptr;
+  // With node_transport: false (the default), each rank is its own SSP
+  // worker (its own worker_id) and owns a share of every shard's keys
+  // (OwnerRank), so every shard hears from every rank. True: the node is
+  // one SSP worker (the same worker_id on every rank) and rank r owns the
+  // keys of the shards s with s % ranks == r, so each shard receives one
+  // request per node step, from its rank. Rank 0 registers the worker, and
+  // unregisters it at Close once every rank has flushed (Close is then a
+  // collective too).
+  bool node_one_worker = false;
   // Several pipelines of one process: the StepMerger they share, which sends
   // one request per shard per step for all of them (ember/step_merger.h),
   // and this pipeline's rank in it. The merger's worker id is then the SSP
