@@ -145,7 +145,8 @@ def loss_curve(losses, points: int = 8):
     return [round(float(c.mean()), 4) for c in chunks if len(c)]
 
 
-def arguments(description: str, modes):
+def arguments(description: str, modes, extra=None):
+    """The variants' common flags; `extra(parser)` adds a script's own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--mode", choices=modes, required=True)
     p.add_argument("--steps", type=int, default=300)
@@ -162,6 +163,8 @@ def arguments(description: str, modes):
                         "empty: start a local 2-shard cluster")
     p.add_argument("--staleness", type=int, default=0,
                    help="Ember's staleness bound (0, the layers' default: synchronous, early fetch)")
+    if extra:
+        extra(p)
     return p.parse_args()
 
 

@@ -189,16 +189,24 @@ def pool(rows: torch.Tensor, offsets: torch.Tensor, inverse: torch.Tensor,
                        combiner)
 
 
-def node_transport(group=None) -> Transport:
+def node_transport(group=None, capacity: int = 1024) -> Transport:
     """This rank's ember.Transport over torch.distributed, for the node
-    shuffle of ranks in several processes (torchrun, one process per GPU):
-    an all-to-all of byte blocks as two all_to_all_single calls (the block
-    sizes, then the bytes). `group`: the ranks of this node; default, a new
-    group of every rank (dist.new_group: a collective, so every rank calls
-    this at the same point). Its own group, not DDP's: the shuffle runs on
-    the pipeline's background thread while DDP all-reduces on others, and a
-    process group must see its collectives in one order. On NCCL the blocks
-    go through the current CUDA device; on gloo through host memory."""
+    shuffle of ranks in several processes (torchrun, one process per GPU).
+    `group`: the ranks of this node; default, a new group of every rank
+    (dist.new_group: a collective, so every rank calls this at the same
+    point). Its own group, not DDP's: the shuffle runs on the pipeline's
+    background thread while DDP all-reduces on others, and a process group
+    must see its collectives in one order. On NCCL the blocks go through
+    the current CUDA device; on gloo through host memory.
+
+    Each exchange is one all_to_all_single of equal slots: every block
+    padded to a capacity all ranks share, after a header with its length
+    and the sender's longest block. Each rank thus learns the longest block
+    of every rank, so all see alike when one did not fit, and all repeat
+    with a larger capacity (kept for the next calls): one collective per
+    exchange in the steady state rather than one for the sizes and one for
+    the bytes (each costs the node's ranks a round of wake-ups).
+    `capacity`: the first slot size in bytes."""
     import torch.distributed as dist
     if not dist.is_initialized():
         raise RuntimeError("ember.torch.node_transport: torch.distributed is not initialized; "
@@ -209,24 +217,27 @@ def node_transport(group=None) -> Transport:
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    header = 16  # int64 length, int64 the sender's longest block
+    capacity = [max(int(capacity), 0)]
 
     def all_to_all(blocks: List[bytes]) -> List[memoryview]:
-        sizes = torch.tensor([len(b) for b in blocks], dtype=torch.int64, device=device)
-        got_sizes = torch.empty_like(sizes)
-        dist.all_to_all_single(got_sizes, sizes, group=group)
-        send_splits, recv_splits = sizes.tolist(), got_sizes.tolist()
-        joined = b"".join(blocks)
-        send = (torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
-                else torch.empty(0, dtype=torch.uint8)).to(device)
-        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
-        dist.all_to_all_single(recv, send, output_split_sizes=recv_splits,
-                               input_split_sizes=send_splits, group=group)
-        view = memoryview(recv.cpu().numpy())
-        out, at = [], 0
-        for n in recv_splits:
-            out.append(view[at:at + n])
-            at += n
-        return out
+        longest = max(len(b) for b in blocks)
+        while True:
+            slot = header + capacity[0]
+            send = np.zeros((size, slot), np.uint8)
+            for r, b in enumerate(blocks):
+                send[r, :header] = np.array([len(b), longest], np.int64).view(np.uint8)
+                fits = min(len(b), capacity[0])
+                send[r, header:header + fits] = np.frombuffer(b, np.uint8, count=fits)
+            recv = torch.empty(size * slot, dtype=torch.uint8, device=device)
+            dist.all_to_all_single(recv, torch.from_numpy(send.reshape(-1)).to(device),
+                                   group=group)
+            got = recv.cpu().numpy().reshape(size, slot)
+            heads = np.ascontiguousarray(got[:, :header]).view(np.int64)  # [rank, 2]
+            need = int(heads[:, 1].max())
+            if need <= capacity[0]:
+                return [memoryview(got[r, header:header + int(heads[r, 0])]) for r in range(size)]
+            capacity[0] = need + need // 2  # the same on every rank: `need` is the global max
 
     return Transport(rank, size, all_to_all)
 

@@ -1,7 +1,8 @@
 """One torchrun rank of the node-shuffle tests (test_torch_distributed.py):
 DDP for a dense part, ember.torch.EmbeddingBagCollection for the table,
 the ranks sharing their keys, rows and gradients through the node shuffle
-over torch.distributed (gloo). Writes its report to OUT/rank<r>.json when
+over torch.distributed (gloo; its slots start at 8 bytes, so that the
+capacity grows, as every rank must agree, in the first exchanges). Writes its report to OUT/rank<r>.json when
 done (torchrun interleaves the ranks' stdout).
 
     torchrun --nproc_per_node=4 torch_node_worker.py SHARDS TABLE STEPS SEED
@@ -34,7 +35,7 @@ def main():
     ebc = et.EmbeddingBagCollection(
         client, [et.EmbeddingBagConfig(table, DIM, list(FEATURES))], create_tables=False,
         worker_id=worker if shuffle else worker + rank,
-        node_transport=et.node_transport() if shuffle else None)
+        node_transport=et.node_transport(capacity=8) if shuffle else None)
     assert not list(ebc.parameters()), "the embedding module must have no parameters for DDP"
     torch.manual_seed(0)
     dense = DDP(torch.nn.Linear(3, 1))

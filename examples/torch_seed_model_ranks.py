@@ -1,0 +1,209 @@
+"""The seed model in PyTorch on N ranks, one process each, as torchrun runs
+them (gloo on the CPU; each rank one GPU's share of the node, its own
+batches of 128):
+
+  dense     the floor: DDP around the MLP on a constant input;
+  native    plain DDP with the 17 tables as one nn.EmbeddingBag (sparse
+            gradients, all-reduced by DDP; torch's Adagrad);
+  torchrec  DistributedModelParallel over the N ranks, --sharding
+            table_wise or row_wise, fbgemm's fused kernel with exact Adagrad
+            (TorchRec's own input and output all-to-alls; DDP for the MLP);
+  ember     DDP around the MLP, ember.torch.EmbeddingBagCollection on a
+            local 2-shard cluster (started by rank 0); with the node shuffle
+            over torch.distributed (the default: one request per shard per
+            node step) or --no_shuffle (each rank its own SSP worker).
+
+    python -m torch.distributed.run --standalone --nproc_per_node=4 \\
+        examples/torch_seed_model_ranks.py --mode ember --steps 300
+
+Rank 0 prints the loss curve and a RESULT line (its ms and CPU ms per step).
+"""
+
+import itertools
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seed_workload as w  # noqa: E402
+from torch_seed_model import dense_optimizer, ember_tables, kjt_parts, mlp, one_bag_inputs  # noqa: E402
+
+
+def loop(args, meter, batches, forward, optimizers):
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for i, item in zip(range(args.steps), itertools.cycle(batches)):
+        loss = loss_fn(forward(item), item[-1])
+        for o in optimizers:
+            o.zero_grad()
+        loss.backward()
+        for o in optimizers:
+            o.step()
+        time.sleep(args.compute_ms / 1e3)
+        meter.step(i, loss.item())
+
+
+def run_dense(args, batches, meter):
+    head = DDP(mlp())
+    pooled = torch.randn(w.BATCH, w.NUM_FEATURES * w.DIM)
+    loop(args, meter, [(torch.from_numpy(b.labels),) for b in batches], lambda item: head(pooled),
+         [dense_optimizer(args, head.parameters())])
+    return "no embeddings: DDP around the MLP on a constant input, torch.optim.Adagrad"
+
+
+def run_native(args, batches, meter):
+    cards = w.cardinalities(args.scale)
+    row_base = np.concatenate([[0], np.cumsum(cards)[:-1]]).astype(np.int64)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(1)
+            self.bag = torch.nn.EmbeddingBag(int(sum(cards)), w.DIM, mode="sum", sparse=True)
+            torch.nn.init.normal_(self.bag.weight, std=1.0)
+            self.head = mlp()
+
+        def forward(self, ids, offsets, weights):
+            pooled = self.bag(ids, offsets, per_sample_weights=weights)
+            x = pooled.view(w.NUM_FEATURES, -1, w.DIM).transpose(0, 1).reshape(
+                -1, w.NUM_FEATURES * w.DIM)
+            return self.head(x)
+
+    model = DDP(Model())
+    items = [one_bag_inputs(b, cards, row_base) + (torch.from_numpy(b.labels),) for b in batches]
+    loop(args, meter, items, lambda item: model(*item[:3]),
+         [dense_optimizer(args, model.module.head.parameters()),
+          dense_optimizer(args, model.module.bag.parameters())])
+    return ("DDP around one nn.EmbeddingBag over the 17 tables (sparse gradients all-reduced) "
+            "and the MLP, torch.optim.Adagrad; inputs prepared ahead")
+
+
+def run_torchrec(args, batches, meter):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+
+    cards = w.cardinalities(args.scale)
+    names = [f"f{f}" for f in range(w.NUM_FEATURES)]
+    tables = [EmbeddingBagConfig(
+        name=f"t{f}", embedding_dim=w.DIM, num_embeddings=cards[f], feature_names=[names[f]],
+        pooling=PoolingType.MEAN if w.combiner(f) == "mean" else PoolingType.SUM,
+        init_fn=lambda t: torch.nn.init.normal_(t, std=1.0)) for f in range(w.NUM_FEATURES)]
+    fused = ({"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": w.LEARNING_RATE}
+             if args.optimizer == "sgd" else
+             {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": w.LEARNING_RATE,
+              "eps": 1e-10})
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    constraints = {t.name: ParameterConstraints(
+        sharding_types=[args.sharding], compute_kernels=[EmbeddingComputeKernel.FUSED.value])
+        for t in tables}
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+            self.head = mlp()
+
+        def forward(self, kjt):
+            return self.head(self.ebc(kjt).values())
+
+    model = Model()
+    topology = Topology(world_size=dist.get_world_size(), compute_device="cpu")
+    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).plan(
+        model, [sharder])
+    model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
+                                     sharders=[sharder])
+    items = []
+    for b in batches:
+        values, lengths = kjt_parts(b, cards)
+        items.append((KeyedJaggedTensor.from_lengths_sync(keys=names, values=values,
+                                                          lengths=lengths),
+                       torch.from_numpy(b.labels)))
+    loop(args, meter, items, lambda item: model(item[0]),
+         [dense_optimizer(args, model.module.head.parameters())])
+    return (f"DistributedModelParallel on {dist.get_world_size()} gloo ranks, {args.sharding}, "
+            "FUSED (fbgemm TBE, exact Adagrad in the backward); KeyedJaggedTensors prepared ahead")
+
+
+def run_ember(args, batches, meter, addresses):
+    import ember
+    import ember.torch as et
+    names = [f"f{f}" for f in range(w.NUM_FEATURES)]
+    head = DDP(mlp())
+    items = []
+    for b in batches:
+        values, lengths = kjt_parts(b)
+        items.append((et.KeyedJaggedTensor(names, values, lengths), torch.from_numpy(b.labels)))
+    client = ember.Client(addresses)
+    rank = dist.get_rank()
+    transport = None if args.no_shuffle else et.node_transport()
+    with et.EmbeddingBagCollection(client, ember_tables(args), staleness=args.staleness,
+                                   worker_id=rank if args.no_shuffle else 0,
+                                   node_transport=transport) as ebc:
+        def loader():
+            for _, item in zip(range(args.steps), itertools.cycle(items)):
+                yield item
+        opt = dense_optimizer(args, head.parameters())
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+        for i, (kjt, labels) in enumerate(et.prefetching(loader(), ebc, lambda b: b[0])):
+            loss = loss_fn(head(ebc(kjt).values()), labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(args.compute_ms / 1e3)
+            meter.step(i, loss.item())
+    way = ("each rank its own SSP worker, no shuffle" if args.no_shuffle
+           else "the node shuffle over torch.distributed (gloo), the node one SSP worker")
+    return (f"DDP around the MLP; 2 ember-server shards on 127.0.0.1, s = {args.staleness}, "
+            f"Adagrad on the shards, {way}; KeyedJaggedTensors prepared ahead")
+
+
+def main():
+    def extra(p):
+        p.add_argument("--sharding", choices=["table_wise", "row_wise"], default="table_wise")
+        p.add_argument("--no_shuffle", action="store_true")
+
+    args = w.arguments(__doc__.splitlines()[0], ["dense", "native", "torchrec", "ember"], extra)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    batches = w.make_batches(args.batches, args.scale, args.seed + rank)
+    cluster, pids = None, []
+    if args.mode == "ember":
+        # Rank 0 starts the shards and tells the others where they are.
+        shared = [None]
+        if rank == 0:
+            from ember.local_cluster import LocalCluster
+            cluster = LocalCluster(shards=2)
+            shared = [(cluster.addresses, cluster.pids)]
+        dist.broadcast_object_list(shared, src=0)
+        addresses, pids = shared[0]
+    meter = w.Meter(args.warmup, pids if rank == 0 else ())
+    try:
+        if args.mode == "ember":
+            config = run_ember(args, batches, meter, addresses)
+        else:
+            config = {"dense": run_dense, "native": run_native, "torchrec": run_torchrec}[
+                args.mode](args, batches, meter)
+        result = meter.result(config=config)
+        dist.barrier()
+    finally:
+        if cluster:
+            cluster.stop()
+    if rank == 0:
+        result.update(framework="pytorch", mode=args.mode, ranks=ranks, torch=torch.__version__,
+                      steps=args.steps, compute_ms=args.compute_ms, scale=args.scale)
+        print(f"pytorch {args.mode} x{ranks}: loss curve {result['loss_curve']}")
+        w.emit(result)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
