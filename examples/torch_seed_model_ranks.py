@@ -6,8 +6,10 @@ batches of 128):
   native    plain DDP with the 17 tables as one nn.EmbeddingBag (sparse
             gradients, all-reduced by DDP; torch's Adagrad);
   torchrec  DistributedModelParallel over the N ranks, --sharding
-            table_wise or row_wise, fbgemm's fused kernel with exact Adagrad
-            (TorchRec's own input and output all-to-alls; DDP for the MLP);
+            table_wise, column_wise or row_wise (which TorchRec allows on
+            CUDA only: on the CPU its planner refuses it), fbgemm's fused
+            kernel with exact Adagrad (TorchRec's own input and output
+            all-to-alls; DDP for the MLP);
   ember     DDP around the MLP, ember.torch.EmbeddingBagCollection on a
             local 2-shard cluster (started by rank 0); with the node shuffle
             over torch.distributed (the default: one request per shard per
@@ -167,7 +169,8 @@ def run_ember(args, batches, meter, addresses):
 
 def main():
     def extra(p):
-        p.add_argument("--sharding", choices=["table_wise", "row_wise"], default="table_wise")
+        p.add_argument("--sharding", choices=["table_wise", "column_wise", "row_wise"],
+                       default="table_wise")
         p.add_argument("--no_shuffle", action="store_true")
 
     args = w.arguments(__doc__.splitlines()[0], ["dense", "native", "torchrec", "ember"], extra)
