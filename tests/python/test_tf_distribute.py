@@ -370,3 +370,83 @@ def test_unsupported_strategies_and_calls_outside_a_replica_name_what_is_support
     layer.close()
     with pytest.raises(ValueError, match="replicas 0"):
         etf.EmbeddingLayer(client, [("a", table)], replicas=0)
+
+
+def test_multi_worker_mirrored_two_processes_each_one_ssp_worker(cluster):
+    """MultiWorkerMirroredStrategy across two real TF processes (a cluster
+    of two workers on 127.0.0.1, one replica each, a dense variable
+    all-reduced every step): each process is one SSP worker (its task id)
+    and the rows end equal, bit for bit, to two ember.StepPipelines fed the
+    same streams (zero rows, gradients in quarters and SGD keep every sum
+    exact, so the order in which the shards apply the two workers' pushes
+    does not matter; one row off fails it)."""
+    import json
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tf_multiworker_worker import stream
+
+    steps, seed = 6, 51
+    client = ember.Client(cluster.addresses)
+    zeros = {"zeros": {}, "seed": 1}
+    sgd = {"sgd": {"learning_rate": 0.5}}
+    ours, theirs = next(_names), next(_names)
+    for t in (ours, theirs):
+        client.create_table(t, 3, optimizer=sgd, initializer=zeros)
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    out = tempfile.mkdtemp(prefix="ember-mwms-")
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = []
+    for task in range(2):
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                     "task": {"type": "worker", "index": task}}
+        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2")
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(here, "tf_multiworker_worker.py"),
+             ",".join(cluster.addresses), ours, str(steps), str(seed), out],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(l[-3000:] for l in logs)
+    dense = [open(os.path.join(out, f"worker{t}.done")).read() for t in range(2)]
+    shutil.rmtree(out)
+    assert dense[0] == dense[1], dense  # the all-reduce kept the workers' dense part equal
+
+    data = [stream(seed, task, steps) for task in range(2)]
+    pipes = [ember.StepPipeline(client, [("a", theirs), ("b", theirs)], worker_id=700 + task)
+             for task in range(2)]
+    errors = []
+
+    def worker(task):
+        try:
+            for t, (a, b, ya, yb) in enumerate(data[task]):
+                csr = [(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), ids)
+                       for lens, ids in (a, b)]
+                pipes[task].prefetch(t, csr)
+                pipes[task].wait(t)
+                pipes[task].push(t, [ya, yb])
+            pipes[task].close()
+        except Exception as e:  # noqa: BLE001 (re-raised below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(task,)) for task in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    keys = np.unique(np.concatenate([ids for d in data for s in d for _, ids in s[:2]]))
+    got, want = client.lookup_rows(ours, keys), client.lookup_rows(theirs, keys)
+    assert np.any(got != 0), "the rows did not train"
+    assert np.array_equal(got, want), np.max(np.abs(got - want))
