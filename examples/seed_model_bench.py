@@ -43,7 +43,10 @@ def replica_variants(replicas):
     DDP for the dense part."""
     extra = ("--replicas", str(replicas))
     out = [("tensorflow", f"dense x{replicas}", "tf2_seed_model_replicas.py", "dense", extra),
-           ("tensorflow", f"native x{replicas}", "tf2_seed_model_replicas.py", "native", extra)]
+           ("tensorflow", f"native x{replicas}", "tf2_seed_model_replicas.py", "native", extra),
+           ("tensorflow", f"native best x{replicas}", "tf2_seed_model_replicas.py", "native_best",
+            extra),
+           ("tensorflow", f"tfra x{replicas}", "tf2_seed_model_replicas.py", "tfra", extra)]
     for way, args in EMBER_WAYS:
         out.append(("tensorflow", f"ember {way} x{replicas}", "tf2_seed_model_replicas.py",
                     "ember", args + extra))
@@ -95,7 +98,8 @@ def main():
     global VARIANTS, PEERS
     if args.replicas > 1:
         VARIANTS = replica_variants(args.replicas)
-        PEERS = {f"native x{args.replicas}", "torchrec table_wise", "torchrec column_wise",
+        PEERS = {f"native x{args.replicas}", f"native best x{args.replicas}",
+                 f"tfra x{args.replicas}", "torchrec table_wise", "torchrec column_wise",
                  "torchrec row_wise"}
     if args.framework:
         VARIANTS = [v for v in VARIANTS if v[0] == args.framework]

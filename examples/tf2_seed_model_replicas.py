@@ -11,6 +11,14 @@ features read from serialized tf.train.Example records:
           (MirroredVariables), Adagrad for every variable (TF's v1
           optimizer: Keras 3.15's fail under the strategy in a custom loop
           on TF 2.16, on a plain MLP too);
+  native_best  native as its users make it fast under the strategy: ids
+          hashed into each table in the tf.data map (no hash table in the
+          step), each replica gathering from its own copy of the mirrored
+          table (a sparse ResourceGather instead of a dense read of the
+          whole MirroredVariable), v1 Adagrad's sparse updates;
+  tfra    TensorFlow Recommenders-Addons' de.keras.layers.Embedding made in
+          the strategy's scope with DynamicEmbeddingOptimizer (needs the
+          bench environment; prints TFRA's error if it does not run);
   ember   ember.tf.EmbeddingLayer made in the strategy's scope (one pipeline
           per replica, merged: one request per shard per node step), the
           ids handed to Ember in each replica's tf.data map (RaggedFeature
@@ -37,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_workload as w  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-MODES = ["native", "ember", "dense"]
+MODES = ["native", "native_best", "tfra", "ember", "dense"]
 _p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 _p.add_argument("--replicas", type=int, default=4)
 sys.argv, _rest = sys.argv[:1], sys.argv[1:]
@@ -45,6 +53,9 @@ REPLICAS_ARGS, _rest = _p.parse_known_args(_rest)
 sys.argv += _rest
 ARGS = w.arguments(__doc__.splitlines()[0], MODES)
 REPLICAS = REPLICAS_ARGS.replicas
+if ARGS.mode == "tfra":
+    # TFRA 0.8.1 runs on tf-keras (Keras 2) only, chosen before TF loads.
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -53,7 +64,11 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration() for _ in range(REPLICAS)])
 
-import tf2_seed_model as single  # noqa: E402  (its parsing, MLP and batches)
+# Its parsing, MLP and batches; it parses the same flags at import, where
+# this script's own modes are not its.
+_argv, sys.argv = sys.argv, [a if a not in ("native_best",) else "native" for a in sys.argv]
+import tf2_seed_model as single  # noqa: E402
+sys.argv = _argv
 
 NAMES = single.NAMES
 # The ops whose count grows with replicas x features, and the collectives.
@@ -168,6 +183,71 @@ def run_native(records, meter):
                  "embedding_lookup_sparse under /cpu:0 over MirroredVariables; v1 Adagrad")
 
 
+def run_native_best(records, meter):
+    cards = w.cardinalities(ARGS.scale)
+    dist = strategy()
+    with dist.scope():
+        tables = [tf.Variable(tf.random.normal([n, w.DIM], stddev=1.0, seed=f), name=f"t{f}")
+                  for f, n in enumerate(cards)]
+        mlp = single.Mlp()
+        opt = adagrad()
+    variables = tables + list(mlp.trainable_variables)
+
+    def hashed(features, labels):
+        return {n: tf.SparseTensor(sp.indices, tf.math.floormod(sp.values, cards[f]),
+                                   sp.dense_shape)
+                for f, (n, sp) in enumerate((n, features[n]) for n in NAMES)}, labels
+
+    def replica_fn(features, labels):
+        with tf.GradientTape() as tape:
+            # The replica's own copy of each table: gathering from it reads
+            # the rows of the batch only (a MirroredVariable is read whole).
+            pooled = [tf.nn.embedding_lookup_sparse(tables[f]._get_on_device_or_primary(),
+                                                    features[n], None, combiner=w.combiner(f))
+                      for f, n in enumerate(NAMES)]
+            loss = single.bce(labels, mlp(tf.concat(pooled, 1)))
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    result = run(dist, lambda ctx: records_dataset(records, ragged=False).map(hashed).prefetch(2),
+                 replica_fn, meter)
+    return result, ("MirroredStrategy; parse_example -> SparseTensors per replica, ids hashed "
+                    "into each table in the tf.data map; embedding_lookup_sparse on each "
+                    "replica's own copy of the MirroredVariable (sparse gather); v1 Adagrad")
+
+
+def run_tfra(records, meter):
+    from tensorflow_recommenders_addons import dynamic_embedding as de
+    dist = strategy()
+    with dist.scope():
+        embeddings = [de.keras.layers.Embedding(
+            w.DIM, initializer=tf.keras.initializers.RandomNormal(stddev=1.0), name=f"t{f}")
+            for f in range(w.NUM_FEATURES)]
+        mlp = single.Mlp()
+        opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.legacy.Adagrad(
+            w.LEARNING_RATE, initial_accumulator_value=w.INITIAL_ACCUMULATOR))
+
+    def replica_fn(features, labels):
+        with tf.GradientTape() as tape:
+            pooled = []
+            for f, n in enumerate(NAMES):
+                sp = features[n]
+                pool = (tf.math.unsorted_segment_mean if w.combiner(f) == "mean"
+                        else tf.math.unsorted_segment_sum)
+                pooled.append(pool(embeddings[f](sp.values), sp.indices[:, 0], sp.dense_shape[0]))
+            loss = single.bce(labels, mlp(tf.concat(pooled, 1)))
+        variables = list(mlp.trainable_variables)
+        for e in embeddings:
+            variables += e.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    result = run(dist, lambda ctx: records_dataset(records, ragged=False).prefetch(2),
+                 replica_fn, meter)
+    return result, ("MirroredStrategy; de.keras.layers.Embedding per feature in the scope, "
+                    "DynamicEmbeddingOptimizer(legacy Adagrad)")
+
+
 def run_dense(records, meter):
     dist = strategy()
     with dist.scope():
@@ -234,7 +314,8 @@ def main():
         result = w.run_on_ember(ARGS, lambda client, meter: run_ember(records, meter, client))
     else:
         meter = w.Meter(ARGS.warmup)
-        result, config = {"native": run_native, "dense": run_dense}[ARGS.mode](records, meter)
+        result, config = {"native": run_native, "native_best": run_native_best,
+                          "tfra": run_tfra, "dense": run_dense}[ARGS.mode](records, meter)
         result["config"] = config
     result.update(framework="tensorflow", mode=ARGS.mode, replicas=REPLICAS,
                   tensorflow=tf.__version__, steps=ARGS.steps, compute_ms=ARGS.compute_ms,
