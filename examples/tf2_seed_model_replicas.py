@@ -144,6 +144,14 @@ def records_dataset(records, ragged):
     return single.dataset(records, (ARGS.steps + 2) * REPLICAS, ragged=ragged)
 
 
+def mirrored_model(dist, cards):
+    """The native variants' tables, MLP and optimizer, made in the scope."""
+    with dist.scope():
+        tables = [tf.Variable(tf.random.normal([n, w.DIM], stddev=1.0, seed=f), name=f"t{f}")
+                  for f, n in enumerate(cards)]
+        return tables, single.Mlp(), adagrad()
+
+
 def run_native(records, meter):
     cards = w.cardinalities(ARGS.scale)
     dist = strategy()
@@ -155,11 +163,7 @@ def run_native(records, meter):
         lookups = [tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             v, np.arange(len(v), dtype=np.int64) % cards[f]), default_value=0)
             for f, v in enumerate(vocab)]
-    with dist.scope():
-        tables = [tf.Variable(tf.random.normal([n, w.DIM], stddev=1.0, seed=f), name=f"t{f}")
-                  for f, n in enumerate(cards)]
-        mlp = single.Mlp()
-        opt = adagrad()
+    tables, mlp, opt = mirrored_model(dist, cards)
     variables = tables + list(mlp.trainable_variables)
 
     def replica_fn(features, labels):
@@ -186,11 +190,7 @@ def run_native(records, meter):
 def run_native_best(records, meter):
     cards = w.cardinalities(ARGS.scale)
     dist = strategy()
-    with dist.scope():
-        tables = [tf.Variable(tf.random.normal([n, w.DIM], stddev=1.0, seed=f), name=f"t{f}")
-                  for f, n in enumerate(cards)]
-        mlp = single.Mlp()
-        opt = adagrad()
+    tables, mlp, opt = mirrored_model(dist, cards)
     variables = tables + list(mlp.trainable_variables)
 
     def hashed(features, labels):

@@ -118,24 +118,21 @@ def run_dense(args, batches, meter):
     return "no embeddings: the MLP on a constant input, torch.optim.Adagrad"
 
 
-def run_torchrec(args, batches, meter):
-    """TorchRec as its users run it: DistributedModelParallel (one rank, gloo
-    on the CPU), every table sharded table-wise onto the FUSED compute kernel
-    (fbgemm's TBE), whose backward applies exact Adagrad to the touched rows
-    (the accumulators set to Ember's initial 0.1); the dense head on torch's
-    Adagrad."""
-    import torch.distributed as dist
+def torchrec_model(args, sharding: str, world_size: int):
+    """TorchRec as its users build it: the 17 tables in an
+    EmbeddingBagCollection under the MLP, DistributedModelParallel over
+    `world_size` gloo ranks (the process group made by the caller), every
+    table sharded `sharding` onto the FUSED compute kernel (fbgemm's TBE),
+    whose backward applies exact Adagrad to the touched rows (its
+    accumulators set to Ember's initial 0.1). Returns (model, feature names,
+    cardinalities)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingType
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
     cards = w.cardinalities(args.scale)
     names = [f"f{f}" for f in range(w.NUM_FEATURES)]
 
@@ -153,8 +150,8 @@ def run_torchrec(args, batches, meter):
                  "eps": 1e-10}
     sharder = EmbeddingBagCollectionSharder(fused_params=fused)
     constraints = {t.name: ParameterConstraints(
-        sharding_types=[ShardingType.TABLE_WISE.value],
-        compute_kernels=[EmbeddingComputeKernel.FUSED.value]) for t in tables}
+        sharding_types=[sharding], compute_kernels=[EmbeddingComputeKernel.FUSED.value])
+        for t in tables}
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -166,8 +163,9 @@ def run_torchrec(args, batches, meter):
             return self.head(self.ebc(kjt).values())
 
     model = Model()
-    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
-                                    constraints=constraints).plan(model, [sharder])
+    plan = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world_size, compute_device="cpu"),
+        constraints=constraints).plan(model, [sharder])
     model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
                                      sharders=[sharder])
     if args.optimizer != "sgd":
@@ -177,14 +175,34 @@ def run_torchrec(args, batches, meter):
                     shards = value.local_shards() if hasattr(value, "local_shards") else None
                     for t in ([sh.tensor for sh in shards] if shards is not None else [value]):
                         t.fill_(w.INITIAL_ACCUMULATOR)
-    opt = dense_optimizer(args, model.module.head.parameters())
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    kjts = []
+    return model, names, cards
+
+
+def torchrec_inputs(batches, names, cards):
+    """(KeyedJaggedTensor, labels) per batch, TorchRec's input."""
+    from torchrec import KeyedJaggedTensor
+    out = []
     for b in batches:
         values, lengths = kjt_parts(b, cards)
-        kjts.append(KeyedJaggedTensor.from_lengths_sync(keys=names, values=values, lengths=lengths))
-    for i, (batch, kjt) in zip(range(args.steps), itertools.cycle(zip(batches, kjts))):
-        loss = loss_fn(model(kjt), torch.from_numpy(batch.labels))
+        out.append((KeyedJaggedTensor.from_lengths_sync(keys=names, values=values, lengths=lengths),
+                    torch.from_numpy(b.labels)))
+    return out
+
+
+def run_torchrec(args, batches, meter):
+    """TorchRec as its users run it on one rank (gloo on the CPU),
+    table-wise (torchrec_model); the dense head on torch's Adagrad."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model, names, cards = torchrec_model(args, "table_wise", 1)
+    opt = dense_optimizer(args, model.module.head.parameters())
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for i, (kjt, labels) in zip(range(args.steps),
+                                itertools.cycle(torchrec_inputs(batches, names, cards))):
+        loss = loss_fn(model(kjt), labels)
         opt.zero_grad()
         loss.backward()  # the fused kernel's backward updates the tables
         opt.step()

@@ -33,7 +33,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_workload as w  # noqa: E402
-from torch_seed_model import dense_optimizer, ember_tables, kjt_parts, mlp, one_bag_inputs  # noqa: E402
+from torch_seed_model import (dense_optimizer, ember_tables, kjt_parts, mlp,  # noqa: E402
+                              one_bag_inputs, torchrec_inputs, torchrec_model)
 
 
 def loop(args, meter, batches, forward, optimizers):
@@ -85,53 +86,12 @@ def run_native(args, batches, meter):
 
 
 def run_torchrec(args, batches, meter):
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-
-    cards = w.cardinalities(args.scale)
-    names = [f"f{f}" for f in range(w.NUM_FEATURES)]
-    tables = [EmbeddingBagConfig(
-        name=f"t{f}", embedding_dim=w.DIM, num_embeddings=cards[f], feature_names=[names[f]],
-        pooling=PoolingType.MEAN if w.combiner(f) == "mean" else PoolingType.SUM,
-        init_fn=lambda t: torch.nn.init.normal_(t, std=1.0)) for f in range(w.NUM_FEATURES)]
-    fused = ({"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": w.LEARNING_RATE}
-             if args.optimizer == "sgd" else
-             {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": w.LEARNING_RATE,
-              "eps": 1e-10})
-    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
-    constraints = {t.name: ParameterConstraints(
-        sharding_types=[args.sharding], compute_kernels=[EmbeddingComputeKernel.FUSED.value])
-        for t in tables}
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-            self.head = mlp()
-
-        def forward(self, kjt):
-            return self.head(self.ebc(kjt).values())
-
-    model = Model()
-    topology = Topology(world_size=dist.get_world_size(), compute_device="cpu")
-    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).plan(
-        model, [sharder])
-    model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
-                                     sharders=[sharder])
-    items = []
-    for b in batches:
-        values, lengths = kjt_parts(b, cards)
-        items.append((KeyedJaggedTensor.from_lengths_sync(keys=names, values=values,
-                                                          lengths=lengths),
-                       torch.from_numpy(b.labels)))
-    loop(args, meter, items, lambda item: model(item[0]),
+    model, names, cards = torchrec_model(args, args.sharding, dist.get_world_size())
+    loop(args, meter, torchrec_inputs(batches, names, cards), lambda item: model(item[0]),
          [dense_optimizer(args, model.module.head.parameters())])
     return (f"DistributedModelParallel on {dist.get_world_size()} gloo ranks, {args.sharding}, "
-            "FUSED (fbgemm TBE, exact Adagrad in the backward); KeyedJaggedTensors prepared ahead")
+            "FUSED (fbgemm TBE, exact Adagrad in the backward, accumulators 0.1); "
+            "KeyedJaggedTensors prepared ahead")
 
 
 def run_ember(args, batches, meter, addresses):

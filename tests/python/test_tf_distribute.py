@@ -8,9 +8,6 @@ epochs with and without the strategy."""
 
 import itertools
 import os
-import re
-import threading
-import urllib.request
 
 import numpy as np
 import pytest
@@ -27,6 +24,7 @@ tf.config.set_logical_device_configuration(
 import ember  # noqa: E402
 import ember.tf as etf  # noqa: E402
 from ember.local_cluster import LocalCluster  # noqa: E402
+from threads_and_metrics import exchange_requests, run_threads  # noqa: E402
 
 _names = (f"dist{i}" for i in itertools.count())
 _workers = itertools.count(300)
@@ -130,35 +128,24 @@ def train_merged_pipelines(client, table, data):
     merger = ember.StepMerger(client, REPLICAS, worker_id=next(_workers))
     pipes = [ember.StepPipeline(client, [("a", table), ("b", table)], merger=merger, rank=r)
              for r in range(REPLICAS)]
-    errors = []
-
     def rank(r):
-        try:
-            p, depth, steps = pipes[r], pipes[r].prefetch_depth, len(data)
+        p, depth, steps = pipes[r], pipes[r].prefetch_depth, len(data)
 
-            def batch(t):
-                a, b, _, _ = data[t][r]
-                return [(a.row_splits.numpy(), a.values.numpy()),
-                        (b.row_splits.numpy(), b.values.numpy())]
-            for t in range(min(depth + 1, steps)):
-                p.prefetch(t, batch(t))
-            for t in range(steps):
-                p.wait(t)
-                p.push(t, [data[t][r][2], data[t][r][3]])
-                if t + depth + 1 < steps:
-                    p.prefetch(t + depth + 1, batch(t + depth + 1))
-            p.flush()
-            p.close()
-        except Exception as e:  # noqa: BLE001 (re-raised below)
-            errors.append(e)
+        def batch(t):
+            a, b, _, _ = data[t][r]
+            return [(a.row_splits.numpy(), a.values.numpy()),
+                    (b.row_splits.numpy(), b.values.numpy())]
+        for t in range(min(depth + 1, steps)):
+            p.prefetch(t, batch(t))
+        for t in range(steps):
+            p.wait(t)
+            p.push(t, [data[t][r][2], data[t][r][3]])
+            if t + depth + 1 < steps:
+                p.prefetch(t + depth + 1, batch(t + depth + 1))
+        p.flush()
+        p.close()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(REPLICAS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a rank did not finish"
+    run_threads(rank, REPLICAS)
 
 
 def keys_of(data):
@@ -330,21 +317,14 @@ def test_a_custom_loop_over_several_epochs_with_a_new_prefetch_per_epoch(client)
     layer.close()
 
 
-def exchange_requests(addresses):
-    """Exchange calls each shard answered (its own ember_rpc_requests_total)."""
-    total = []
-    for address in addresses:
-        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-        total.append(sum(float(m.group(1)) for m in re.finditer(
-            r'^ember_rpc_requests_total\{[^}]*rpc="Exchange[^"]*"[^}]*\} (\S+)$', text,
-            re.MULTILINE)))
-    return total
-
-
 def test_the_shards_receive_one_request_per_shard_per_node_step():
     """Four replicas, 10 node steps, two shard processes: each shard's own
     counter of Exchange calls grows by one per node step (plus the final
-    flush), not by one per replica."""
+    flush), not by one per replica. A push whose next batch the input
+    pipeline has not staged yet goes alone, and that fetch in a round of
+    its own (seen on a loaded machine: 13 for 10 steps), so the bound is a
+    push and a fetch per node step; four unmerged replicas would send at
+    least 4 per node step."""
     steps = 10
     with LocalCluster(shards=2, extra_args=["--metrics_port=0"]) as cluster:
         client = ember.Client(cluster.addresses)
@@ -354,7 +334,7 @@ def test_the_shards_receive_one_request_per_shard_per_node_step():
         train_under_strategy(client, table, data, per_replica_input=True)
         after = exchange_requests(cluster.metrics_addresses)
     grew = [a - b for a, b in zip(after, before)]
-    assert all(steps <= g <= steps + 2 for g in grew), grew
+    assert all(steps <= g <= 2 * steps + 2 for g in grew), grew
 
 
 def test_unsupported_strategies_and_calls_outside_a_replica_name_what_is_supported(client):
@@ -426,26 +406,17 @@ def test_multi_worker_mirrored_two_processes_each_one_ssp_worker(cluster):
     data = [stream(seed, task, steps) for task in range(2)]
     pipes = [ember.StepPipeline(client, [("a", theirs), ("b", theirs)], worker_id=700 + task)
              for task in range(2)]
-    errors = []
 
     def worker(task):
-        try:
-            for t, (a, b, ya, yb) in enumerate(data[task]):
-                csr = [(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), ids)
-                       for lens, ids in (a, b)]
-                pipes[task].prefetch(t, csr)
-                pipes[task].wait(t)
-                pipes[task].push(t, [ya, yb])
-            pipes[task].close()
-        except Exception as e:  # noqa: BLE001 (re-raised below)
-            errors.append(e)
+        for t, (a, b, ya, yb) in enumerate(data[task]):
+            csr = [(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), ids)
+                   for lens, ids in (a, b)]
+            pipes[task].prefetch(t, csr)
+            pipes[task].wait(t)
+            pipes[task].push(t, [ya, yb])
+        pipes[task].close()
 
-    threads = [threading.Thread(target=worker, args=(task,)) for task in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    run_threads(worker, 2)
     keys = np.unique(np.concatenate([ids for d in data for s in d for _, ids in s[:2]]))
     got, want = client.lookup_rows(ours, keys), client.lookup_rows(theirs, keys)
     assert np.any(got != 0), "the rows did not train"

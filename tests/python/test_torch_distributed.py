@@ -10,13 +10,10 @@ rounding bound otherwise."""
 import itertools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import urllib.request
 
 import numpy as np
 import pytest
@@ -25,6 +22,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed in this en
 
 import ember  # noqa: E402
 from ember.local_cluster import LocalCluster  # noqa: E402
+from threads_and_metrics import exchange_requests, run_threads  # noqa: E402
 from torch_node_data import DIM, FEATURES, RANKS, concat, csr, keys_of, streams  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,25 +57,6 @@ def torchrun(addresses, table, steps, seed, mode="shuffle", grads="random"):
     return reports
 
 
-def run_ranks(fn):
-    """fn(rank) on one thread per rank; raises the first failure."""
-    errors = []
-
-    def run(r):
-        try:
-            fn(r)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(RANKS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a rank did not finish"
-
-
 def train_in_process_shuffle(client, table, data):
     """The C++ NodeShuffle: four ember.StepPipelines over in-process
     transports, the node one worker, each rank on its own thread."""
@@ -95,7 +74,7 @@ def train_in_process_shuffle(client, table, data):
                               np.ascontiguousarray(y[:, DIM:])])
         pipes[r].close()
 
-    run_ranks(rank)
+    run_threads(rank, RANKS)
 
 
 def train_one_pipeline(client, table, data):
@@ -107,17 +86,6 @@ def train_one_pipeline(client, table, data):
             pipe.prefetch(t, csr(lengths, values))
             pipe.wait(t)
             pipe.push(t, [np.ascontiguousarray(y[:, :DIM]), np.ascontiguousarray(y[:, DIM:])])
-
-
-def exchange_requests(addresses):
-    """Exchange calls each shard answered (its own ember_rpc_requests_total)."""
-    total = []
-    for address in addresses:
-        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-        total.append(sum(float(m.group(1)) for m in re.finditer(
-            r'^ember_rpc_requests_total\{[^}]*rpc="Exchange[^"]*"[^}]*\} (\S+)$', text,
-            re.MULTILINE)))
-    return total
 
 
 @pytest.fixture(scope="module")
