@@ -226,10 +226,12 @@ def ember_tables(args):
             for f in range(w.NUM_FEATURES)]
 
 
-def run_ember(args, batches, meter, client):
+def train_ember(args, batches, meter, ebc, head):
+    """The Ember variants' loop: `ebc` (an ember.torch.EmbeddingBagCollection
+    over the 17 tables) under `head`, rows prefetched by the data loader.
+    Returns the pipeline's stats."""
     import ember.torch as et
     names = [f"f{f}" for f in range(w.NUM_FEATURES)]
-    head = mlp()
     opt = dense_optimizer(args, head.parameters())
     loss_fn = torch.nn.BCEWithLogitsLoss()
     inputs = []
@@ -241,15 +243,20 @@ def run_ember(args, batches, meter, client):
         for _, item in zip(range(args.steps), itertools.cycle(inputs)):
             yield item
 
+    for i, (kjt, labels) in enumerate(et.prefetching(loader(), ebc, lambda b: b[0])):
+        loss = loss_fn(head(ebc(kjt).values()), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.compute_ms / 1e3)
+        meter.step(i, loss.item())
+    return ebc.pipeline.stats()
+
+
+def run_ember(args, batches, meter, client):
+    import ember.torch as et
     with et.EmbeddingBagCollection(client, ember_tables(args), staleness=args.staleness) as ebc:
-        for i, (kjt, labels) in enumerate(et.prefetching(loader(), ebc, lambda b: b[0])):
-            loss = loss_fn(head(ebc(kjt).values()), labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            time.sleep(args.compute_ms / 1e3)
-            meter.step(i, loss.item())
-        stats = ebc.pipeline.stats()
+        stats = train_ember(args, batches, meter, ebc, mlp())
     return {"wait_ms_per_step": stats["wait_seconds"] * 1e3 / max(stats["steps_waited"], 1),
             "config": w.ember_config(args) + "; KeyedJaggedTensors prepared ahead"}
 

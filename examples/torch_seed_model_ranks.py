@@ -33,8 +33,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seed_workload as w  # noqa: E402
-from torch_seed_model import (dense_optimizer, ember_tables, kjt_parts, mlp,  # noqa: E402
-                              one_bag_inputs, torchrec_inputs, torchrec_model)
+from torch_seed_model import (dense_optimizer, ember_tables, mlp, one_bag_inputs,  # noqa: E402
+                              torchrec_inputs, torchrec_model, train_ember)
 
 
 def loop(args, meter, batches, forward, optimizers):
@@ -97,30 +97,12 @@ def run_torchrec(args, batches, meter):
 def run_ember(args, batches, meter, addresses):
     import ember
     import ember.torch as et
-    names = [f"f{f}" for f in range(w.NUM_FEATURES)]
-    head = DDP(mlp())
-    items = []
-    for b in batches:
-        values, lengths = kjt_parts(b)
-        items.append((et.KeyedJaggedTensor(names, values, lengths), torch.from_numpy(b.labels)))
     client = ember.Client(addresses)
-    rank = dist.get_rank()
     transport = None if args.no_shuffle else et.node_transport()
     with et.EmbeddingBagCollection(client, ember_tables(args), staleness=args.staleness,
-                                   worker_id=rank if args.no_shuffle else 0,
+                                   worker_id=dist.get_rank() if args.no_shuffle else 0,
                                    node_transport=transport) as ebc:
-        def loader():
-            for _, item in zip(range(args.steps), itertools.cycle(items)):
-                yield item
-        opt = dense_optimizer(args, head.parameters())
-        loss_fn = torch.nn.BCEWithLogitsLoss()
-        for i, (kjt, labels) in enumerate(et.prefetching(loader(), ebc, lambda b: b[0])):
-            loss = loss_fn(head(ebc(kjt).values()), labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            time.sleep(args.compute_ms / 1e3)
-            meter.step(i, loss.item())
+        train_ember(args, batches, meter, ebc, DDP(mlp()))
     way = ("each rank its own SSP worker, no shuffle" if args.no_shuffle
            else "the node shuffle over torch.distributed (gloo), the node one SSP worker")
     return (f"DDP around the MLP; 2 ember-server shards on 127.0.0.1, s = {args.staleness}, "
