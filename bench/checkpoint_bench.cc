@@ -25,8 +25,8 @@
 #include "absl/time/clock.h"
 #include "common/key_hash.h"
 #include "common/wire.h"
-#include "server/checkpointer.h"
-#include "server/shard.h"
+#include "shard/checkpointer.h"
+#include "shard/shard.h"
 
 ABSL_FLAG(uint64_t, rows, 10'000'000, "Rows of the table.");
 ABSL_FLAG(uint32_t, dim, 8, "Elements per row.");

@@ -14,7 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "common/metrics.h"
-#include "server/shard_metrics.h"
+#include "shard/shard_metrics.h"
 
 ABSL_FLAG(int, calls, 5'000'000, "RPCs recorded per thread.");
 

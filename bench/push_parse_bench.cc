@@ -22,7 +22,7 @@
 #include "bench/bench_util.h"
 #include "common/aliased_serialize.h"
 #include "server/received_exchange.h"
-#include "server/shard.h"
+#include "shard/shard.h"
 
 ABSL_FLAG(std::string, dims, "8,32,128,256", "Row dimensions to measure.");
 ABSL_FLAG(int, tables, 17, "Tables (one per sparse feature).");

@@ -2,7 +2,7 @@
 // costs (issue 36's bar), in one run, alternating, medians over --rounds:
 //   1. plain restore: each part of a 2-shard cluster checkpoint into a
 //      fresh shard of its own index (read + import), bytes per second;
-//   2. offline reshard 2 -> 3 (server/reshard.h, what `ember-checkpoint
+//   2. offline reshard 2 -> 3 (shard/reshard.h, what `ember-checkpoint
 //      reshard` runs): read every part, write three, bytes read per second;
 //   3. a resharded restore: shard 0 of 3 restoring from both parts
 //      (--restore_from=P0,P1): reads both, keeps a third;
@@ -32,9 +32,9 @@
 #include "common/key_hash.h"
 #include "common/key_router.h"
 #include "common/wire.h"
-#include "server/checkpointer.h"
-#include "server/reshard.h"
-#include "server/shard.h"
+#include "shard/checkpointer.h"
+#include "shard/reshard.h"
+#include "shard/shard.h"
 
 ABSL_FLAG(uint64_t, rows, 4'000'000, "Rows of the table in the whole cluster.");
 ABSL_FLAG(uint32_t, dim, 8, "Elements per row.");

@@ -6,13 +6,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ember/trainer_metrics.h"
-#include "kernels/store_factory.h"
-#include "server/shard_host.h"
-#include "server/work_pool.h"
+#include "shard/shard_host.h"
+#include "shard/work_pool.h"
 
 namespace ember {
 namespace {
@@ -261,31 +259,13 @@ absl::Status InProcessChannel::Checkpoint(absl::Span<const v1::CheckpointRequest
 
 }  // namespace
 
-namespace {
-
-// InProcessOptions::device: one device, or a comma-separated list.
-absl::StatusOr<std::vector<StoreDevice>> ParseInProcessDevices(const std::string& text) {
-  std::vector<StoreDevice> devices;
-  for (absl::string_view one : absl::StrSplit(text, ',')) {
-    absl::StatusOr<StoreDevice> parsed = ParseStoreDevice(one);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("in_process.device: ", parsed.status().message()));
-    }
-    devices.push_back(*parsed);
-  }
-  return devices;
-}
-
-}  // namespace
-
 absl::Status CheckInProcessDevice(const std::string& device) {
-  return ParseInProcessDevices(device).status();
+  return ParseShardDevices(device, "in_process.device").status();
 }
 
 absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOptions& options) {
   const InProcessOptions& in = options.in_process;
-  EMBER_ASSIGN_OR_RETURN(const std::vector<StoreDevice> devices, ParseInProcessDevices(in.device));
+  EMBER_ASSIGN_OR_RETURN(const std::vector<StoreDevice> devices, ParseShardDevices(in.device, "in_process.device"));
   // With trainer metrics, each shard's own series (rows, memory, calls,
   // checkpoints, SSP) go to the trainer's endpoint too.
   std::vector<std::unique_ptr<metrics::Registry>> registries;

@@ -1,7 +1,7 @@
 // The in-process ShardChannel (ember/shard_channel.h): N shards in the
-// trainer's own process, each the same Shard (server/shard.h) an
+// trainer's own process, each the same Shard (shard/shard.h) an
 // ember-server runs, with its checkpointer and TTL clock
-// (server/shard_host.h), called directly: no serialisation, no gRPC, no
+// (shard/shard_host.h), called directly: no serialisation, no gRPC, no
 // socket. Statuses and their messages are the shards' own, prefixed with
 // "shard i (in-process) <method>: " as the gRPC channel prefixes them with
 // the shard's address.
@@ -10,7 +10,7 @@
 // its push on every shard first, then runs the lookups (which may wait for
 // other workers' pushes, made on their own threads). With
 // InProcessOptions::threads, an exchange's shards run at once instead, all
-// but one on a pool (server/work_pool.h), each its push then its lookup, as
+// but one on a pool (shard/work_pool.h), each its push then its lookup, as
 // shard servers run them. A checkpoint runs on every shard at once (each
 // waits for its cut). Nothing is retried: an in-process shard is never
 // UNAVAILABLE.

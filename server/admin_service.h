@@ -2,8 +2,8 @@
 #pragma once
 
 #include "ember/v1/admin_service.grpc.pb.h"
-#include "server/checkpointer.h"
-#include "server/shard.h"
+#include "shard/checkpointer.h"
+#include "shard/shard.h"
 #include "server/token_auth.h"
 
 namespace ember {

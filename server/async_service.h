@@ -1,7 +1,7 @@
 // The shard's services on gRPC's async API (ember-server --rpc_mode=async):
 // a few threads, each polling its own completion queue, run the calls that
 // complete there; only a call that may block (a lookup or exchange waiting
-// for the SSP clock, any AdminService call) goes to a pool (server/work_pool.h),
+// for the SSP clock, any AdminService call) goes to a pool (shard/work_pool.h),
 // which adds threads while all are busy.
 //
 // Why: in gRPC 1.51 (epoll1) one thread at a time polls the sockets of the
@@ -34,7 +34,7 @@
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "server/admin_service.h"
 #include "server/embedding_service.h"
-#include "server/work_pool.h"
+#include "shard/work_pool.h"
 
 namespace grpc {
 class AsyncGenericService;

@@ -25,8 +25,8 @@
 #include "absl/time/time.h"
 #include "common/file_system.h"
 #include "common/key_router.h"
-#include "server/checkpointer.h"
-#include "server/reshard.h"
+#include "shard/checkpointer.h"
+#include "shard/reshard.h"
 
 ABSL_FLAG(std::string, dir, "", "A shard's checkpoint directory (its --checkpoint_dir).");
 ABSL_FLAG(std::string, id, "",

@@ -6,10 +6,10 @@
 
 #include "ember/v1/embedding_service.grpc.pb.h"
 #include "server/inflight_limit.h"
-#include "server/shard.h"
-#include "server/shard_metrics.h"
+#include "shard/shard.h"
+#include "shard/shard_metrics.h"
 #include "server/token_auth.h"
-#include "server/work_pool.h"
+#include "shard/work_pool.h"
 
 namespace ember {
 

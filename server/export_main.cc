@@ -16,8 +16,8 @@
 #include "common/key_router.h"
 #include "common/status_macros.h"
 #include "kernels/serving_table.h"
-#include "server/checkpointer.h"
-#include "server/reshard.h"
+#include "shard/checkpointer.h"
+#include "shard/reshard.h"
 
 ABSL_FLAG(std::vector<std::string>, checkpoints, {},
           "The checkpoint directory of every shard of the cluster, comma-separated.");

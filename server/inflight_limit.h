@@ -21,7 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/shard_metrics.h"
+#include "shard/shard_metrics.h"
 
 namespace ember {
 

@@ -15,7 +15,7 @@
 
 #include "common/aliased_serialize.h"
 #include "ember/v1/embedding_service.pb.h"
-#include "server/shard.h"
+#include "shard/shard.h"
 
 namespace grpc {
 class ByteBuffer;

@@ -12,9 +12,9 @@
 #include "common/metrics_http.h"
 #include "common/tls.h"
 #include "server/inflight_limit.h"
-#include "server/shard.h"
-#include "server/shard_host.h"
-#include "server/shard_metrics.h"
+#include "shard/shard.h"
+#include "shard/shard_host.h"
+#include "shard/shard_metrics.h"
 #include "server/token_auth.h"
 
 namespace grpc {
@@ -30,7 +30,7 @@ struct ServerOptions {
   int port = 50051;
   // kSync: gRPC threads polling for requests (gRPC starts more while all
   // are busy); kAsync: the threads kept by the pool for calls that may block
-  // (it adds more while all are busy: server/work_pool.h).
+  // (it adds more while all are busy: shard/work_pool.h).
   int worker_threads = 4;
   // How calls run (server/embedding_service.h, server/async_service.h):
   //   kAsync: gRPC's async API, each call on the completion thread that

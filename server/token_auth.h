@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/server_context.h"
-#include "server/shard_metrics.h"
+#include "shard/shard_metrics.h"
 
 namespace ember {
 

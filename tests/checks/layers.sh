@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # The include rules between the folders, each a grep that must print
 # nothing. Lower layers never include higher ones:
-#   common/  <-  kernels/  <-  server/
-#   common/  <-  client/   (the trainer library never includes the shard's
-#                           code or the storage engines, but for the one
-#                           file that holds in-process shards,
-#                           client/in_process_channel.cc; of kernels/ it
-#                           includes only the optimizer rules and table
-#                           configs, which the early fetch replays)
-#   the shard core (ember_shard) includes neither gRPC nor the services
+#   common/  <-  kernels/  <-  shard/  <-  server/
+#                              shard/  <-  client/
+#   (the shard core is below both the gRPC edge and the trainer library,
+#   whose in-process channel hosts shards; of kernels/ the client includes
+#   only the optimizer rules and table configs, which the early fetch
+#   replays: the engines come to it through the shard core)
+#   the shard core includes neither gRPC nor the edge around it
 # and the public client headers (client/include/ember/) include no
 # internals of the client (client/...). Generated protos (ember/v1/...)
 # are below everything. Run by tests/run_tests.sh; prints each break and
@@ -31,25 +30,17 @@ rule() {  # rule "what must not happen" folder regex
 # "ember/<name>.h" is a public client header; "ember/v1/..." a generated proto.
 PUBLIC_CLIENT='#include "ember/[a-z_]+\.h"'
 rule "common/ includes a higher layer" common \
-  '#include "(kernels|server|client|python|bench|tests)/|'"$PUBLIC_CLIENT"
+  '#include "(kernels|shard|server|client|python|bench|tests)/|'"$PUBLIC_CLIENT"
 rule "kernels/ includes the shard, the client or a public client header" kernels \
+  '#include "(shard|server|client|python|bench|tests)/|'"$PUBLIC_CLIENT"
+rule "shard/ includes the gRPC edge, the client or a public client header" shard \
   '#include "(server|client|python|bench|tests)/|'"$PUBLIC_CLIENT"
 rule "server/ includes the client library" server \
   '#include "(client|python|bench|tests)/|'"$PUBLIC_CLIENT"
-# The in-process channel is the one place the client holds shards: it
-# includes the shard's host and the engines' device names, nothing else.
-IN_PROCESS='^client/in_process_channel\.cc:[0-9]+:#include "(server/shard_host|server/work_pool|kernels/store_factory)\.h"'
-found=$(grep -rnE "${SOURCES[@]}" '#include "(server|python|bench|tests)/' client 2>/dev/null |
-  grep -vE "$IN_PROCESS")
-if [ -n "$found" ]; then
-  echo "layer break: client/ includes the shard"
-  echo "$found" | sed 's/^/  /'
-  breaks=$((breaks + 1))
-fi
+rule "client/ includes the gRPC edge" client '#include "(server|python|bench|tests)/'
 # Of kernels/, the client includes the optimizer rules and table configs only.
 found=$(grep -rnE "${SOURCES[@]}" '#include "kernels/' client 2>/dev/null |
-  grep -vE '#include "kernels/(table_config|table_config_proto|optimizer_rows)\.h"' |
-  grep -vE "$IN_PROCESS")
+  grep -vE '#include "kernels/(table_config|table_config_proto|optimizer_rows)\.h"')
 if [ -n "$found" ]; then
   echo "layer break: client/ includes a storage engine"
   echo "$found" | sed 's/^/  /'
@@ -58,19 +49,13 @@ fi
 rule "a public client header includes a client internal" client/include \
   '#include "client/'
 
-# The shard core (ember_shard, server/CMakeLists.txt) runs without a network.
-SHARD_CORE=$(sed -n '/^add_library(ember_shard /,/)/p' server/CMakeLists.txt |
-  grep -oE '[a-z_]+\.cc' | sed 's/\.cc$//')
-for f in $SHARD_CORE; do
-  for src in server/$f.cc server/$f.h; do
-    [ -f "$src" ] || continue
-    if grep -nE '#include [<"](grpc|grpcpp)/|#include "server/(server|[a-z_]*service|grpc_status|token_auth|inflight_limit|health_check|received_exchange|shard_health)\.h"' "$src" |
-        sed "s|^|  $src:|" | grep .; then
-      echo "layer break: the shard core ($src) includes gRPC or the server around it"
-      breaks=$((breaks + 1))
-    fi
-  done
-done
+# The shard core (shard/) runs without a network.
+found=$(grep -rnE "${SOURCES[@]}" '#include [<"](grpc|grpcpp)/' shard 2>/dev/null)
+if [ -n "$found" ]; then
+  echo "layer break: the shard core includes gRPC"
+  echo "$found" | sed 's/^/  /'
+  breaks=$((breaks + 1))
+fi
 
 if [ "$breaks" -gt 0 ]; then
   echo "$breaks layer rule(s) broken"

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "google/protobuf/stubs/logging.h"
-#include "server/checkpoint_format.h"
-#include "server/checkpointer.h"
+#include "shard/checkpoint_format.h"
+#include "shard/checkpointer.h"
 #include "tests/fuzz/checkpoint_input.h"
 #include "tests/fuzz/fuzz_tables.h"
 #include "tests/fuzz/memory_file_system.h"

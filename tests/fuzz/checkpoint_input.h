@@ -17,7 +17,7 @@
 #include "common/key_router.h"
 #include "ember/v1/checkpoint.pb.h"
 #include "kernels/table_config_proto.h"
-#include "server/checkpoint_format.h"
+#include "shard/checkpoint_format.h"
 #include "tests/fuzz/fuzz_tables.h"
 
 namespace ember::fuzz {

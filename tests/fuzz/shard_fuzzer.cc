@@ -25,7 +25,7 @@
 #include "common/wire.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/received_exchange.h"
-#include "server/shard.h"
+#include "shard/shard.h"
 #include "tests/fuzz/fuzz_tables.h"
 
 namespace ember::fuzz {

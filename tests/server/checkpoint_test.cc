@@ -13,8 +13,8 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
-#include "server/checkpoint_format.h"
-#include "server/checkpointer.h"
+#include "shard/checkpoint_format.h"
+#include "shard/checkpointer.h"
 #include "tests/server/requests.h"
 #include "tests/test_util.h"
 

@@ -1,9 +1,9 @@
-// Resharding a cluster checkpoint (server/reshard.h), shards in process: the
+// Resharding a cluster checkpoint (shard/reshard.h), shards in process: the
 // round trip 2 -> 3 -> 5 -> 2 keeps every row, optimizer state, score and
 // the clock bit for bit; training after a resharded restore equals training
 // that never resharded; mixed and incomplete cluster checkpoints are
 // refused naming the part; a part of the same shard count keeps its routing.
-#include "server/reshard.h"
+#include "shard/reshard.h"
 
 #include <map>
 #include <memory>
@@ -13,9 +13,9 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
-#include "server/checkpoint_format.h"
-#include "server/checkpointer.h"
-#include "server/shard_metrics.h"
+#include "shard/checkpoint_format.h"
+#include "shard/checkpointer.h"
+#include "shard/shard_metrics.h"
 #include "tests/server/requests.h"
 #include "tests/test_util.h"
 

@@ -1,7 +1,7 @@
 // The shard core, driven directly (no network): table administration,
 // routing checks, and every bad input answered with a clear status that
 // changes nothing.
-#include "server/shard.h"
+#include "shard/shard.h"
 
 #include <atomic>
 #include <limits>

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "server/shard.h"
-#include "server/ssp_clock.h"
+#include "shard/shard.h"
+#include "shard/ssp_clock.h"
 #include "tests/server/requests.h"
 #include "tests/test_util.h"
 

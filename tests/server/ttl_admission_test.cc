@@ -1,6 +1,6 @@
 // TTL and admission through the shard: configuration, background expiry by
 // steps and by seconds, and the counts a user sees in ListTables.
-#include "server/shard.h"
+#include "shard/shard.h"
 
 #include "gtest/gtest.h"
 #include "tests/server/requests.h"

@@ -1,4 +1,4 @@
-#include "server/work_pool.h"
+#include "shard/work_pool.h"
 
 #include <atomic>
 #include <condition_variable>

@@ -1,4 +1,4 @@
-#include "server/reshard.h"
+#include "shard/reshard.h"
 
 #include <unistd.h>
 
@@ -11,8 +11,8 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "kernels/table_config_proto.h"
-#include "server/checkpoint_chain.h"
-#include "server/checkpoint_format.h"
+#include "shard/checkpoint_chain.h"
+#include "shard/checkpoint_format.h"
 
 #ifndef EMBER_VERSION
 #define EMBER_VERSION "dev"

@@ -11,8 +11,8 @@
 #include "absl/status/status.h"
 #include "common/file_system.h"
 #include "ember/v1/admin_service.pb.h"
-#include "server/shard.h"
-#include "server/shard_metrics.h"
+#include "shard/shard.h"
+#include "shard/shard_metrics.h"
 
 namespace ember {
 

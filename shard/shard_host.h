@@ -14,12 +14,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
-#include "server/checkpointer.h"
-#include "server/shard.h"
-#include "server/shard_metrics.h"
+#include "shard/checkpointer.h"
+#include "shard/shard.h"
+#include "shard/shard_metrics.h"
 
 namespace ember {
 
@@ -73,5 +74,11 @@ class ShardHost {
   bool stopping_ = false;
   std::once_flag stopped_;
 };
+
+// The devices of a list of shards, "cpu" or "cuda:N" each, comma-separated
+// (one per shard, or one for all): INVALID_ARGUMENT naming `field` and the
+// entry it cannot read.
+absl::StatusOr<std::vector<StoreDevice>> ParseShardDevices(const std::string& text,
+                                                           absl::string_view field);
 
 }  // namespace ember

@@ -1,4 +1,4 @@
-#include "server/ssp_clock.h"
+#include "shard/ssp_clock.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "server/checkpointer.h"
+#include "shard/checkpointer.h"
 
 #include <unistd.h>
 
@@ -19,10 +19,10 @@
 #include "common/key_router.h"
 #include "common/status_macros.h"
 #include "kernels/table_config_proto.h"
-#include "server/checkpoint_chain.h"
-#include "server/checkpoint_format.h"
-#include "server/reshard.h"
-#include "server/shard_move.h"
+#include "shard/checkpoint_chain.h"
+#include "shard/checkpoint_format.h"
+#include "shard/reshard.h"
+#include "shard/shard_move.h"
 #include "spdlog/spdlog.h"
 
 #ifndef EMBER_VERSION

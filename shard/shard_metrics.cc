@@ -1,4 +1,4 @@
-#include "server/shard_metrics.h"
+#include "shard/shard_metrics.h"
 
 #include "absl/status/status.h"
 

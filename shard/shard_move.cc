@@ -1,4 +1,4 @@
-#include "server/shard_move.h"
+#include "shard/shard_move.h"
 
 #include <utility>
 #include <vector>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "server/reshard.h"
+#include "shard/reshard.h"
 #include "spdlog/spdlog.h"
 
 namespace ember {

@@ -1,12 +1,12 @@
 // Shard's durable state: snapshots for checkpoints, restore, and TTL expiry
-// (declared in server/shard.h with the rest of Shard).
+// (declared in shard/shard.h with the rest of Shard).
 #include <algorithm>
 #include <limits>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/shard.h"
+#include "shard/shard.h"
 
 namespace ember {
 

@@ -1,4 +1,4 @@
-#include "server/push_gradients.h"
+#include "shard/push_gradients.h"
 
 #include "common/piece_rows.h"
 

@@ -1,6 +1,6 @@
 // A checkpoint's chain on disk: the checkpoint and, for a delta, its
 // parents back to its full checkpoint. Shared by the checkpointer (restore,
-// verify, load) and the reshard (server/reshard.h).
+// verify, load) and the reshard (shard/reshard.h).
 #pragma once
 
 #include <string>

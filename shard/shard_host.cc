@@ -1,12 +1,13 @@
-#include "server/shard_host.h"
+#include "shard/shard_host.h"
 
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "google/protobuf/text_format.h"
-#include "server/shard_gauges.h"
+#include "shard/shard_gauges.h"
 #include "spdlog/spdlog.h"
 
 namespace ember {
@@ -90,6 +91,19 @@ void ShardHost::Stop() {
     maintenance_cv_.notify_all();
     if (maintenance_.joinable()) maintenance_.join();
   });
+}
+
+absl::StatusOr<std::vector<StoreDevice>> ParseShardDevices(const std::string& text,
+                                                           absl::string_view field) {
+  std::vector<StoreDevice> devices;
+  for (absl::string_view one : absl::StrSplit(text, ',')) {
+    absl::StatusOr<StoreDevice> parsed = ParseStoreDevice(one);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", parsed.status().message()));
+    }
+    devices.push_back(*parsed);
+  }
+  return devices;
 }
 
 }  // namespace ember

@@ -1,4 +1,4 @@
-#include "server/write_log.h"
+#include "shard/write_log.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,5 +1,5 @@
 // Checkpointer: writes a shard's checkpoints to a directory and restores
-// them (format: server/checkpoint_format.h, docs/checkpoints.md).
+// them (format: shard/checkpoint_format.h, docs/checkpoints.md).
 //
 // A checkpoint is taken in two phases. First Shard::Snapshot copies the
 // tables to memory at a step boundary: pushes of later steps wait for that
@@ -34,7 +34,7 @@
 #include "absl/time/time.h"
 #include "common/file_system.h"
 #include "ember/v1/admin_service.pb.h"
-#include "server/shard.h"
+#include "shard/shard.h"
 
 namespace ember {
 
@@ -119,7 +119,7 @@ class Checkpointer {
   absl::Status CheckpointOnExit(bool incremental, absl::Time deadline,
                                 v1::CheckpointResponse* response);
   void List(v1::ListCheckpointsResponse* response);
-  // See AdminService.CommitMove (server/shard_move.h); one at a time with
+  // See AdminService.CommitMove (shard/shard_move.h); one at a time with
   // the checkpoints.
   absl::Status CommitMove(const v1::CommitMoveRequest& request, v1::CommitMoveResponse* response);
 

@@ -1,4 +1,4 @@
-#include "server/shard.h"
+#include "shard/shard.h"
 
 #include <algorithm>
 
@@ -11,8 +11,8 @@
 #include "common/uninitialized_resize.h"
 #include "common/wire.h"
 #include "kernels/table_config_proto.h"
-#include "server/message_bounds.h"
-#include "server/push_gradients.h"
+#include "shard/message_bounds.h"
+#include "shard/push_gradients.h"
 
 #ifndef EMBER_VERSION
 #define EMBER_VERSION "dev"

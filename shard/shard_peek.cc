@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/uninitialized_resize.h"
-#include "server/message_bounds.h"
-#include "server/shard.h"
+#include "shard/message_bounds.h"
+#include "shard/shard.h"
 
 namespace ember {
 

@@ -22,8 +22,8 @@
 #include "ember/v1/admin_service.pb.h"
 #include "ember/v1/checkpoint.pb.h"
 #include "kernels/store_factory.h"
-#include "server/shard.h"
-#include "server/ssp_clock.h"
+#include "shard/shard.h"
+#include "shard/ssp_clock.h"
 
 namespace ember {
 

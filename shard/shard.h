@@ -32,9 +32,9 @@
 #include "ember/v1/embedding_service.pb.h"
 #include "kernels/embedding_store.h"
 #include "kernels/store_factory.h"
-#include "server/shard_metrics.h"
-#include "server/ssp_clock.h"
-#include "server/write_log.h"
+#include "shard/shard_metrics.h"
+#include "shard/ssp_clock.h"
+#include "shard/write_log.h"
 
 namespace ember {
 
@@ -171,7 +171,7 @@ class Shard {
   absl::Status ExchangeLookup(const v1::ExchangeRequest& request, v1::ExchangeResponse* response,
                               absl::Time deadline);
   // Counts this shard's traffic in `metrics` (which must outlive the shard).
-  // Call before serving. The gauges come from server/shard_gauges.h.
+  // Call before serving. The gauges come from shard/shard_gauges.h.
   void SetMetrics(ShardMetrics* metrics);
 
   // Copies the shard's state at a step boundary into memory: holds pushes of
@@ -233,7 +233,7 @@ class Shard {
   void UnregisterWorker(const v1::UnregisterWorkerRequest& request,
                         v1::UnregisterWorkerResponse* response);
 
-  // Read API for gauges (server/shard_gauges.h). Thread-safe.
+  // Read API for gauges (shard/shard_gauges.h). Thread-safe.
   struct TableStats {
     std::string name;
     StoreStats stats;

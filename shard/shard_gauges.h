@@ -3,8 +3,8 @@
 // registry is scraped.
 #pragma once
 
-#include "server/shard.h"
-#include "server/shard_metrics.h"
+#include "shard/shard.h"
+#include "shard/shard_metrics.h"
 
 namespace ember {
 

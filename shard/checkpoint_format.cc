@@ -1,4 +1,4 @@
-#include "server/checkpoint_format.h"
+#include "shard/checkpoint_format.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "server/checkpoint_chain.h"
+#include "shard/checkpoint_chain.h"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/key_router.h"
 #include "common/status_macros.h"
-#include "server/checkpoint_format.h"
+#include "shard/checkpoint_format.h"
 
 namespace ember {
 

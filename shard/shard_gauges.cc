@@ -1,4 +1,4 @@
-#include "server/shard_gauges.h"
+#include "shard/shard_gauges.h"
 
 #include <algorithm>
 #include <map>
