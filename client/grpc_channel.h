@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "ember/client.h"
+#include "ember/client_options.h"
 #include "ember/shard_channel.h"
 
 namespace ember {
