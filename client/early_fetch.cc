@@ -48,10 +48,11 @@ EarlyFetch::EarlyFetch(std::vector<Table> tables, bool patch)
 
 EarlyFetch::~EarlyFetch() = default;
 
-void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
-                          const RequestPlan& plan,
-                          const std::vector<std::vector<uint64_t>>& previous, uint32_t worker_id,
-                          std::vector<v1::ExchangeRequest>* requests) {
+uint64_t EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
+                              const RequestPlan& plan,
+                              const std::vector<std::vector<uint64_t>>& previous,
+                              uint32_t worker_id, std::vector<v1::ExchangeRequest>* requests) {
+  uint64_t bytes = 0;
   std::unique_ptr<Peeked> p = spare_ ? std::move(spare_) : std::make_unique<Peeked>();
   const size_t tables = tables_.size();
   p->step = step;
@@ -86,7 +87,7 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
   for (uint32_t sh = 0; sh < plan.shards(); ++sh) {
     if (!plan.HasKeys(sh)) continue;
     v1::LookupRequest* peek = (*requests)[sh].mutable_peek();
-    plan.FillLookup(sh, /*read_only=*/true, peek);
+    bytes += plan.FillLookup(sh, /*read_only=*/true, peek);
     // Rows as of step - 2: the push that brings them to step - 1 is this
     // worker's own, applied on the trainer.
     peek->set_step(step);
@@ -105,6 +106,7 @@ void EarlyFetch::FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>
     }
   }
   filling_ = std::move(p);
+  return bytes;
 }
 
 absl::Status EarlyFetch::Receive(int64_t step, const RequestPlan& plan,
@@ -249,6 +251,28 @@ absl::StatusOr<std::vector<const float*>> EarlyFetch::PatchWith(GradOf grad) {
 
 void EarlyFetch::Drop() {
   if (peeked_) spare_ = std::move(peeked_);
+}
+
+uint64_t EarlyFetch::FillAfterPush(int64_t step, bool patched, const RequestPlan& plan,
+                                   const LookupClock& clock,
+                                   std::vector<v1::ExchangeRequest>* requests) const {
+  uint64_t bytes = 0;
+  for (uint32_t sh = 0; sh < plan.shards(); ++sh) {
+    if (!plan.HasKeys(sh)) continue;
+    v1::LookupRequest* lookup = (*requests)[sh].mutable_lookup();
+    if (patched) {
+      bytes += FillEffects(sh, plan, lookup);
+    } else {
+      bytes += plan.FillLookup(sh, /*read_only=*/false, lookup);
+      AskChanged(sh, plan, lookup);
+    }
+    if (lookup->tables_size() == 0) {  // nothing for the lookup to do here
+      (*requests)[sh].clear_lookup();
+      continue;
+    }
+    clock.Stamp(step, lookup);
+  }
+  return bytes;
 }
 
 }  // namespace ember

@@ -66,8 +66,8 @@ class EarlyFetch {
   // waits for), with the optimizer state of the keys in `previous` only:
   // the keys of step - 1 (per table, unique, in the order of that push's
   // gradients), whose push will patch them. Both are read now only; the
-  // plan must stay unchanged until Receive.
-  void FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
+  // plan must stay unchanged until Receive. Returns the key bytes.
+  uint64_t FillPeek(int64_t step, const std::vector<std::vector<uint64_t>>& keys,
                 const RequestPlan& plan, const std::vector<std::vector<uint64_t>>& previous,
                 uint32_t worker_id, std::vector<v1::ExchangeRequest>* requests);
 
@@ -106,6 +106,15 @@ class EarlyFetch {
   // key is inserted then, as plain s = 0 inserts it. Adds no table when no
   // key was absent; returns the key bytes.
   uint64_t FillEffects(uint32_t shard, const RequestPlan& plan, v1::LookupRequest* lookup) const;
+  // The pending step's lookup (step `step`, routed by `plan`) after the
+  // push of the step before, as plain s = 0 has it, in each request's
+  // lookup stamped by `clock`: its effects only (FillEffects) when it was
+  // `patched`, else its rows changed since the peek (FillLookup with
+  // AskChanged). A shard with nothing to do gets no lookup. Returns the
+  // key bytes.
+  uint64_t FillAfterPush(int64_t step, bool patched, const RequestPlan& plan,
+                         const LookupClock& clock,
+                         std::vector<v1::ExchangeRequest>* requests) const;
   // Ends the pending step unpatched (its rows came after the push instead).
   void Drop();
 

@@ -3,12 +3,14 @@
 #include <atomic>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ember/trainer_metrics.h"
+#include "shard/shard_edge.h"
 #include "shard/shard_host.h"
 #include "shard/work_pool.h"
 
@@ -23,6 +25,11 @@ class InProcessChannel final : public ShardChannel {
                    std::vector<std::unique_ptr<metrics::Registry>> registries,
                    std::vector<std::unique_ptr<ShardHost>> hosts)
       : options_(options), registries_(std::move(registries)), hosts_(std::move(hosts)) {
+    // In-process calls carry no token and no peer: the edges check the
+    // routing, order the halves and count the calls as a server would.
+    for (const auto& host : hosts_) {
+      edges_.push_back(std::make_unique<ShardEdge>(&host->shard(), host->metrics()));
+    }
     if (options.in_process.threads > 0) {
       pool_ = std::make_unique<WorkPool>(static_cast<int>(options.in_process.threads));
     }
@@ -43,38 +50,44 @@ class InProcessChannel final : public ShardChannel {
 
   absl::Status GetShardInfo(absl::Duration, bool,
                             std::vector<v1::GetShardInfoResponse>* responses) override {
-    return OnShards("GetShardInfo", All(), responses, [](Shard& shard, uint32_t, auto* response) {
-      shard.GetShardInfo(response);
-      // The process's CPU is the trainer's: it would be counted twice.
-      response->clear_process_cpu_seconds();
-      return absl::OkStatus();
-    });
+    return OnShards("GetShardInfo", All(), responses,
+                    [](const ShardEdge& edge, uint32_t, auto* response) {
+                      edge.shard().GetShardInfo(response);
+                      // The process's CPU is the trainer's: it would be counted twice.
+                      response->clear_process_cpu_seconds();
+                      return absl::OkStatus();
+                    });
   }
   absl::Status CreateTable(absl::Span<const v1::CreateTableRequest> requests,
                            std::vector<v1::CreateTableResponse>* responses) override {
-    return OnShards("CreateTable", All(), responses, [&](Shard& shard, uint32_t i, auto* response) {
-      return shard.CreateTable(requests[i].config(), response);
-    });
+    return OnShards("CreateTable", All(), responses,
+                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
+                      return edge.shard().CreateTable(requests[i].config(), response);
+                    });
   }
   absl::Status ListTables(const std::vector<bool>& active,
                           std::vector<v1::ListTablesResponse>* responses) override {
-    return OnShards("ListTables", active, responses, [](Shard& shard, uint32_t, auto* response) {
-      shard.ListTables(response);
-      return absl::OkStatus();
-    });
+    return OnShards("ListTables", active, responses,
+                    [](const ShardEdge& edge, uint32_t, auto* response) {
+                      edge.shard().ListTables(response);
+                      return absl::OkStatus();
+                    });
   }
   absl::Status Lookup(absl::Span<const v1::LookupRequest> requests, const std::vector<bool>& active,
                       std::vector<v1::LookupResponse>* responses) override {
-    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-    return OnShards("Lookup", active, responses, [&](Shard& shard, uint32_t i, auto* response) {
-      return shard.Lookup(requests[i], response, deadline);
-    });
+    const EdgeCall call = Call("Lookup");
+    return OnShards("Lookup", active, responses,
+                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
+                      return edge.Lookup(call, requests[i], response);
+                    });
   }
   absl::Status Push(absl::Span<const v1::PushRequest> requests,
                     std::vector<v1::PushResponse>* responses) override {
-    return OnShards("Push", All(), responses, [&](Shard& shard, uint32_t i, auto* response) {
-      return shard.Push(requests[i], response);
-    });
+    const EdgeCall call = Call("Push");
+    return OnShards("Push", All(), responses,
+                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
+                      return edge.Push(call, requests[i], response);
+                    });
   }
   absl::Status Exchange(const ExchangeCall& call, std::vector<ExchangeAnswer>* answers,
                         std::vector<ShardCall>* calls) override;
@@ -83,17 +96,18 @@ class InProcessChannel final : public ShardChannel {
                               std::vector<ShardCall>* calls);
   absl::Status RegisterWorker(absl::Span<const v1::RegisterWorkerRequest> requests,
                               std::vector<v1::RegisterWorkerResponse>* responses) override {
+    const EdgeCall call = Call("RegisterWorker");
     return OnShards("RegisterWorker", All(), responses,
-                    [&](Shard& shard, uint32_t i, auto* response) {
-                      return shard.RegisterWorker(requests[i], response);
+                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
+                      return edge.RegisterWorker(call, requests[i], response);
                     });
   }
   absl::Status UnregisterWorker(absl::Span<const v1::UnregisterWorkerRequest> requests,
                                 std::vector<v1::UnregisterWorkerResponse>* responses) override {
+    const EdgeCall call = Call("UnregisterWorker");
     return OnShards("UnregisterWorker", All(), responses,
-                    [&](Shard& shard, uint32_t i, auto* response) {
-                      shard.UnregisterWorker(requests[i], response);
-                      return absl::OkStatus();
+                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
+                      return edge.UnregisterWorker(call, requests[i], response);
                     });
   }
   absl::Status Checkpoint(absl::Span<const v1::CheckpointRequest> requests, absl::Duration timeout,
@@ -102,6 +116,14 @@ class InProcessChannel final : public ShardChannel {
 
  private:
   std::vector<bool> All() const { return std::vector<bool>(shard_count(), true); }
+  // An in-process call: no token, no peer, no routing epoch (the trainer's
+  // own shards never move), the channel's timeout.
+  EdgeCall Call(absl::string_view rpc) const {
+    EdgeCall call;
+    call.rpc = rpc;
+    call.deadline = absl::Now() + options_.rpc_timeout;
+    return call;
+  }
 
   // Shard i's failure of `method`, as the gRPC channel words it.
   absl::Status Failed(uint32_t shard, absl::string_view method, const absl::Status& status) {
@@ -110,7 +132,7 @@ class InProcessChannel final : public ShardChannel {
                         absl::StrCat(ShardName(shard), " ", method, ": ", status.message()));
   }
 
-  // Runs `call(shard, i, &(*responses)[i])` for every shard i with
+  // Runs `call(edge, i, &(*responses)[i])` for every shard i with
   // active[i], in order, each recorded in the trainer metrics (if any);
   // the first failure ends the call.
   template <typename Response, typename Call>
@@ -122,30 +144,26 @@ class InProcessChannel final : public ShardChannel {
       (*responses)[i].Clear();
       ++calls_;
       const absl::Time start = absl::Now();
-      const absl::Status status = call(hosts_[i]->shard(), i, &(*responses)[i]);
+      const absl::Status status = call(*edges_[i], i, &(*responses)[i]);
       Record(i, method, status.code(), start, absl::Now());
       if (!status.ok()) return Failed(i, method, status);
     }
     return absl::OkStatus();
   }
 
-  // The call in the trainer's series and, for the calls a shard server
-  // counts at its edge (Lookup, Push, Exchange), in the shard's.
+  // The call in the trainer's series (the shard's edge counts it in the
+  // shard's).
   void Record(uint32_t shard, absl::string_view method, absl::StatusCode code, absl::Time start,
               absl::Time end) {
     if (options_.metrics == nullptr) return;
-    const double seconds = absl::ToDoubleSeconds(end - start);
-    options_.metrics->RecordRpc(shard, method, code, seconds);
-    ShardMetrics* served = hosts_[shard]->metrics();
-    if (method == "Lookup") served->RecordCall(ShardMetrics::Rpc::kLookup, code, seconds);
-    if (method == "Push") served->RecordCall(ShardMetrics::Rpc::kPush, code, seconds);
-    if (method == "Exchange") served->RecordCall(ShardMetrics::Rpc::kExchange, code, seconds);
+    options_.metrics->RecordRpc(shard, method, code, absl::ToDoubleSeconds(end - start));
   }
 
   const ClientOptions options_;
   std::vector<std::unique_ptr<metrics::Registry>> registries_;  // outlive the hosts' metrics
   std::vector<std::unique_ptr<ShardHost>> hosts_;
-  std::unique_ptr<WorkPool> pool_;  // null: calls run on the calling thread
+  std::vector<std::unique_ptr<ShardEdge>> edges_;  // edges_[i]: of hosts_[i]
+  std::unique_ptr<WorkPool> pool_;                 // null: calls run on the calling thread
   std::atomic<uint64_t> calls_{0}, failures_{0};
 };
 
@@ -158,22 +176,22 @@ absl::Status InProcessChannel::Exchange(const ExchangeCall& call,
   std::vector<absl::Status> statuses(n);
   std::vector<absl::Time> starts(n);
   const std::vector<bool> active = call.Active();
-  // Every push first: a lookup below may wait for another worker whose own
-  // exchange is past its pushes only once this one's are applied.
+  const EdgeCall edge_call = Call("Exchange");
+  std::vector<std::optional<ShardEdge::Exchange>> exchanges(n);
+  // Every push first (see shard/shard_edge.h).
   for (uint32_t i = 0; i < n; ++i) {
     if (!active[i]) continue;
     (*answers)[i].Clear();
     ++calls_;
     starts[i] = absl::Now();
-    statuses[i] =
-        hosts_[i]->shard().ExchangePush(*call.requests[i], (*answers)[i].mutable_message());
+    exchanges[i].emplace(*edges_[i], edge_call);
+    statuses[i] = exchanges[i]->Push(*call.requests[i], (*answers)[i].mutable_message(), 0);
   }
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   for (uint32_t i = 0; i < n; ++i) {
     if (!active[i]) continue;
     if (statuses[i].ok()) {
-      statuses[i] = hosts_[i]->shard().ExchangeLookup(*call.requests[i],
-                                                      (*answers)[i].mutable_message(), deadline);
+      statuses[i] = exchanges[i]->Answer(*call.requests[i], (*answers)[i].mutable_message(),
+                                         edge_call.deadline);
     }
     const absl::Time end = absl::Now();
     Record(i, "Exchange", statuses[i].code(), starts[i], end);
@@ -197,15 +215,18 @@ absl::Status InProcessChannel::ExchangeOnPool(const ExchangeCall& call,
   for (uint32_t i = 0; i < n; ++i) {
     if (sent[i]) active.push_back(i);
   }
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const EdgeCall edge_call = Call("Exchange");
+  // Each shard's push, then its lookup, on its own thread: a lookup that
+  // waits keeps no other shard's push back.
   auto run = [&](uint32_t i) {
     ++calls_;
     starts[i] = absl::Now();
     (*answers)[i].Clear();
     v1::ExchangeResponse* response = (*answers)[i].mutable_message();
-    statuses[i] = hosts_[i]->shard().ExchangePush(*call.requests[i], response);
+    ShardEdge::Exchange exchange(*edges_[i], edge_call);
+    statuses[i] = exchange.Push(*call.requests[i], response, 0);
     if (statuses[i].ok()) {
-      statuses[i] = hosts_[i]->shard().ExchangeLookup(*call.requests[i], response, deadline);
+      statuses[i] = exchange.Answer(*call.requests[i], response, edge_call.deadline);
     }
     ends[i] = absl::Now();
   };
@@ -265,7 +286,8 @@ absl::Status CheckInProcessDevice(const std::string& device) {
 
 absl::StatusOr<std::unique_ptr<ShardChannel>> NewInProcessChannel(const ClientOptions& options) {
   const InProcessOptions& in = options.in_process;
-  EMBER_ASSIGN_OR_RETURN(const std::vector<StoreDevice> devices, ParseShardDevices(in.device, "in_process.device"));
+  EMBER_ASSIGN_OR_RETURN(const std::vector<StoreDevice> devices,
+                         ParseShardDevices(in.device, "in_process.device"));
   // With trainer metrics, each shard's own series (rows, memory, calls,
   // checkpoints, SSP) go to the trainer's endpoint too.
   std::vector<std::unique_ptr<metrics::Registry>> registries;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/uninitialized_resize.h"
 #include "ember/client.h"
 
@@ -239,6 +240,58 @@ std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(
     shared.push_back(std::move(owned));
   }
   return shared;
+}
+
+void LookupClock::Stamp(int64_t step, v1::LookupRequest* lookup) const {
+  if (staleness < 0) return;
+  lookup->set_step(step);
+  lookup->set_staleness(static_cast<uint32_t>(staleness));
+  lookup->set_worker_id(worker_id);
+}
+
+uint64_t RequestPlan::FillLookups(int64_t step, const LookupClock& clock,
+                                  std::vector<v1::ExchangeRequest>* requests) const {
+  uint64_t bytes = 0;
+  for (uint32_t sh = 0; sh < shards(); ++sh) {
+    if (!HasKeys(sh)) continue;
+    v1::LookupRequest* lookup = (*requests)[sh].mutable_lookup();
+    bytes += FillLookup(sh, /*read_only=*/false, lookup);
+    clock.Stamp(step, lookup);
+  }
+  return bytes;
+}
+
+void RequestPlan::PointAt(const std::vector<const float*>& rows,
+                          std::vector<std::vector<const char*>>* at) const {
+  at->resize(keys_->size());
+  for (size_t tb = 0; tb < keys_->size(); ++tb) {
+    std::vector<const char*>& a = (*at)[tb];
+    a.resize((*keys_)[tb].size());
+    if (rows[tb] == nullptr) continue;
+    const size_t dim = (*dims_)[tb];
+    for (size_t k = 0; k < a.size(); ++k) {
+      a[k] = reinterpret_cast<const char*>(rows[tb] + k * dim);
+    }
+  }
+}
+
+absl::Status RequestPlan::CollectRowAddresses(const std::vector<ExchangeAnswer>& answers,
+                                              const std::vector<const float*>* under,
+                                              std::vector<std::vector<const char*>>* at,
+                                              uint64_t* received, uint64_t* changed) const {
+  if (under != nullptr) {
+    PointAt(*under, at);
+  } else {
+    at->resize(keys_->size());
+    for (size_t tb = 0; tb < keys_->size(); ++tb) (*at)[tb].resize((*keys_)[tb].size());
+  }
+  for (uint32_t sh = 0; sh < shards(); ++sh) {
+    if (!HasKeys(sh)) continue;
+    EMBER_RETURN_IF_ERROR(under != nullptr
+                              ? ChangedRowAddresses(sh, answers[sh], at, received, changed)
+                              : RowAddresses(sh, answers[sh], at, received));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ember

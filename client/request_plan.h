@@ -27,6 +27,14 @@ class Client;
 std::vector<std::shared_ptr<const v1::ExchangeRequest>> HandOver(
     std::vector<v1::ExchangeRequest>* requests);
 
+// The consistency fields a worker's lookups carry.
+struct LookupClock {
+  int staleness = -1;  // < 0: asynchronous, no fields
+  uint32_t worker_id = 0;
+  // Sets the lookup's step, staleness and worker (none when asynchronous).
+  void Stamp(int64_t step, v1::LookupRequest* lookup) const;
+};
+
 class RequestPlan {
  public:
   // Routes every key of every table to its shard. `tables` and `dims` name
@@ -51,6 +59,11 @@ class RequestPlan {
   // returns the key bytes written.
   uint64_t FillLookup(uint32_t shard, bool read_only, v1::LookupRequest* request,
                       bool omit_rows = false) const;
+  // A writing lookup of `step` for every shard with keys, in each
+  // request's lookup (requests->size() == shards()), stamped by `clock`.
+  // Returns the key bytes written.
+  uint64_t FillLookups(int64_t step, const LookupClock& clock,
+                       std::vector<v1::ExchangeRequest>* requests) const;
   // FillLookup of only the keys `keep` marks (keep[tb][k] != 0, one entry
   // per key of keys[tb]); a table with none of them on `shard` is left out.
   uint64_t FillLookupOf(uint32_t shard, bool read_only, v1::LookupRequest* request, bool omit_rows,
@@ -89,6 +102,19 @@ class RequestPlan {
   absl::Status ChangedRowAddresses(uint32_t shard, const ExchangeAnswer& response,
                                    std::vector<std::vector<const char*>>* at, uint64_t* received,
                                    uint64_t* rows) const;
+  // Sets (*at)[tb][k] (sized here) to the address of key k's row in
+  // rows[tb] (keys[tb].size() x dim[tb] floats, in key order); a table
+  // whose rows[tb] is null is sized only.
+  void PointAt(const std::vector<const float*>& rows,
+               std::vector<std::vector<const char*>>* at) const;
+  // The rows of every shard's answer by address (RowAddresses) into *at,
+  // sized here. With `under` (rows in key order per table, null for none),
+  // the lookups asked for changed rows only: PointAt(*under) first, then
+  // ChangedRowAddresses, adding the rows that came to *changed.
+  absl::Status CollectRowAddresses(const std::vector<ExchangeAnswer>& answers,
+                                   const std::vector<const float*>* under,
+                                   std::vector<std::vector<const char*>>* at, uint64_t* received,
+                                   uint64_t* changed) const;
 
  private:
   // Adds shard's TableGradients with their keys and a gradients field of

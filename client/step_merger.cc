@@ -192,7 +192,6 @@ absl::Status StepMergerImpl::CheckInStep(const std::vector<Part*>& parts) const 
 absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& parts, int summed) {
   EMBER_RETURN_IF_ERROR(CheckInStep(parts));
   const Part& first = *parts[0];
-  const size_t tables = tables_.size();
   const uint32_t shards = client_->shard_count();
   const int ranks = options_.ranks;
   // The push's requests with the places of its gradient sums: prepared by
@@ -216,7 +215,7 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
   if (first.push_step) {
     parts[leader]->sum_start = absl::Now();
     for (int r = summed; r < ranks; ++r) SumRank(r, *parts[r]);
-    for (size_t tb = 0; tb < tables; ++tb) {
+    for (size_t tb = 0; tb < tables_.size(); ++tb) {
       for (size_t u = 0; u < fresh_[tb].size(); ++u) {  // none, by construction
         if (fresh_[tb][u]) memset(sum_at_[tb][u], 0, size_t{dims_[tb]} * sizeof(float));
       }
@@ -233,46 +232,19 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
       }
     }
   }
-
   MergedStep* fetch = nullptr;
   bool peek = false;
   if (first.fetch_step) {
     const int64_t f = *first.fetch_step;
-    auto merged = std::make_unique<MergedStep>();
-    merged->keys.resize(tables);
-    merged->map.assign(ranks, std::vector<std::vector<uint32_t>>(tables));
-    uint64_t rank_keys = 0;
-    for (size_t tb = 0; tb < tables; ++tb) {
-      dedup_->Clear();
-      for (int r = 0; r < ranks; ++r) {
-        const std::vector<uint64_t>& keys = (*parts[r]->keys)[tb];
-        rank_keys += keys.size();
-        dedup_->Add(keys, &merged->map[r][tb]);
-      }
-      merged->keys[tb] = dedup_->unique();
-    }
-    merged->plan.Route(*client_, tables_, dims_, merged->keys);
+    fetch = MergeFetch(parts);
     // Early: a peek unless the push before the fetched step is applied by now.
     peek = early_ && first.push_step != f - 1 && applied_upto_ < f - 1;
     if (peek) {
-      early_->FillPeek(f, merged->keys, merged->plan, steps_.at(f - 1)->keys, options_.worker_id,
+      early_->FillPeek(f, fetch->keys, fetch->plan, steps_.at(f - 1)->keys, options_.worker_id,
                        &requests);
     } else {
-      for (uint32_t sh = 0; sh < shards; ++sh) {
-        if (!merged->plan.HasKeys(sh)) continue;
-        v1::LookupRequest* l = requests[sh].mutable_lookup();
-        sent += merged->plan.FillLookup(sh, /*read_only=*/false, l);
-        SetClock(f, l);
-      }
+      sent += fetch->plan.FillLookups(f, clock_, &requests);
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.fetch_rounds;
-      stats_.rank_keys += rank_keys;
-      stats_.merged_keys += merged->plan.keys();
-    }
-    fetch = merged.get();
-    steps_[f] = std::move(merged);
   }
   if (first.push_step) steps_.erase(*first.push_step);
   if (!first.push_step && !first.fetch_step) return absl::OkStatus();
@@ -290,55 +262,10 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
     for (Part* p : parts) p->peek_bytes = early_->peek_bytes() / ranks;
   }
   // The rows that came back: the fetched step's, or the refetched one's.
-  MergedStep* with_rows = refetch != nullptr ? refetch : peek ? nullptr : fetch;
-  if (with_rows != nullptr) {
-    const int64_t step = refetch != nullptr ? *first.push_step + 1 : *first.fetch_step;
-    // Each rank's rows, in its own key order, by address: where they
-    // arrived in the answers, or, below copy_rows_below_bytes, in a block
-    // of the rank's own. Each rank pools from there.
-    row_at_.resize(tables);
-    for (size_t tb = 0; tb < tables; ++tb) {
-      row_at_[tb].resize(with_rows->keys[tb].size());
-      if (refetch == nullptr || peeked[tb] == nullptr) continue;
-      for (size_t k = 0; k < row_at_[tb].size(); ++k) {  // the rows not changed since
-        row_at_[tb][k] = reinterpret_cast<const char*>(peeked[tb] + k * dims_[tb]);
-      }
-    }
-    uint64_t rows = 0;
-    for (uint32_t sh = 0; sh < shards; ++sh) {
-      if (!with_rows->plan.HasKeys(sh)) continue;
-      EMBER_RETURN_IF_ERROR(
-          refetch != nullptr
-              ? with_rows->plan.ChangedRowAddresses(sh, responses[sh], &row_at_, &received, &rows)
-              : with_rows->plan.RowAddresses(sh, responses[sh], &row_at_, &received));
-    }
-    rank_rows_.resize(ranks);
-    for (int r = 0; r < ranks; ++r) {
-      parts[r]->rows_step = step;
-      parts[r]->refetched = refetch != nullptr;
-      if (refetch != nullptr) {
-        parts[r]->refetched_rows = rows;
-        parts[r]->refetched_keys = with_rows->plan.keys();
-      }
-      parts[r]->rows_at.resize(tables);
-      rank_rows_[r].resize(tables);
-      for (size_t tb = 0; tb < tables; ++tb) {
-        const std::vector<uint32_t>& map = with_rows->map[r][tb];
-        std::vector<const char*>& at = parts[r]->rows_at[tb];
-        at.resize(map.size());
-        const size_t row_bytes = size_t{dims_[tb]} * sizeof(float);
-        if (row_bytes >= options_.copy_rows_below_bytes) {
-          for (size_t u = 0; u < map.size(); ++u) at[u] = row_at_[tb][map[u]];
-          continue;
-        }
-        std::vector<char>& copy = rank_rows_[r][tb];
-        copy.resize(map.size() * row_bytes);
-        for (size_t u = 0; u < map.size(); ++u) {
-          memcpy(copy.data() + u * row_bytes, row_at_[tb][map[u]], row_bytes);
-          at[u] = copy.data() + u * row_bytes;
-        }
-      }
-    }
+  if (refetch != nullptr) {
+    EMBER_RETURN_IF_ERROR(HandOutRows(parts, *first.push_step + 1, *refetch, &peeked, &received));
+  } else if (fetch != nullptr && !peek) {
+    EMBER_RETURN_IF_ERROR(HandOutRows(parts, *first.fetch_step, *fetch, nullptr, &received));
   }
   for (Part* p : parts) {
     p->bytes_sent = sent / ranks;
@@ -350,6 +277,78 @@ absl::Status StepMergerImpl::RunRound(int leader, const std::vector<Part*>& part
     prepared_.assign(shards, v1::ExchangeRequest());
     EMBER_ASSIGN_OR_RETURN(prepared_bytes_, PreparePush(steps_.begin()->first, &prepared_));
     prepared_push_ = steps_.begin()->first;
+  }
+  return absl::OkStatus();
+}
+
+StepMergerImpl::MergedStep* StepMergerImpl::MergeFetch(const std::vector<Part*>& parts) {
+  const size_t tables = tables_.size();
+  const int ranks = options_.ranks;
+  auto merged = std::make_unique<MergedStep>();
+  merged->keys.resize(tables);
+  merged->map.assign(ranks, std::vector<std::vector<uint32_t>>(tables));
+  uint64_t rank_keys = 0;
+  for (size_t tb = 0; tb < tables; ++tb) {
+    dedup_->Clear();
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<uint64_t>& keys = (*parts[r]->keys)[tb];
+      rank_keys += keys.size();
+      dedup_->Add(keys, &merged->map[r][tb]);
+    }
+    merged->keys[tb] = dedup_->unique();
+  }
+  merged->plan.Route(*client_, tables_, dims_, merged->keys);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.fetch_rounds;
+    stats_.rank_keys += rank_keys;
+    stats_.merged_keys += merged->plan.keys();
+  }
+  MergedStep* step = merged.get();
+  steps_[*parts[0]->fetch_step] = std::move(merged);
+  return step;
+}
+
+absl::Status StepMergerImpl::HandOutRows(const std::vector<Part*>& parts, int64_t step,
+                                         const MergedStep& with_rows,
+                                         const std::vector<const float*>* peeked,
+                                         uint64_t* received) {
+  const size_t tables = tables_.size();
+  const int ranks = options_.ranks;
+  // Each rank's rows, in its own key order, by address: where they
+  // arrived in the answers (or, refetched, as peeked where unchanged), or,
+  // below copy_rows_below_bytes, in a block of the rank's own. Each rank
+  // pools from there.
+  uint64_t rows = 0;
+  EMBER_RETURN_IF_ERROR(
+      with_rows.plan.CollectRowAddresses(answers_, peeked, &row_at_, received, &rows));
+  rank_rows_.resize(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    Part& part = *parts[r];
+    part.rows_step = step;
+    part.refetched = peeked != nullptr;
+    if (part.refetched) {
+      part.refetched_rows = rows;
+      part.refetched_keys = with_rows.plan.keys();
+    }
+    part.rows_at.resize(tables);
+    rank_rows_[r].resize(tables);
+    for (size_t tb = 0; tb < tables; ++tb) {
+      const std::vector<uint32_t>& map = with_rows.map[r][tb];
+      std::vector<const char*>& at = part.rows_at[tb];
+      at.resize(map.size());
+      const size_t row_bytes = size_t{dims_[tb]} * sizeof(float);
+      if (row_bytes >= options_.copy_rows_below_bytes) {
+        for (size_t u = 0; u < map.size(); ++u) at[u] = row_at_[tb][map[u]];
+        continue;
+      }
+      std::vector<char>& copy = rank_rows_[r][tb];
+      copy.resize(map.size() * row_bytes);
+      for (size_t u = 0; u < map.size(); ++u) {
+        memcpy(copy.data() + u * row_bytes, row_at_[tb][map[u]], row_bytes);
+        at[u] = copy.data() + u * row_bytes;
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -412,21 +411,7 @@ absl::StatusOr<bool> StepMergerImpl::PatchNext(int leader, const std::vector<Par
   // The lookup's effects (inserts of the keys the peek found absent) or, to
   // refetch, its rows changed since the peek, after the push, as plain s = 0
   // has them.
-  for (uint32_t sh = 0; sh < client_->shard_count(); ++sh) {
-    if (!next.plan.HasKeys(sh)) continue;
-    v1::LookupRequest* l = (*requests)[sh].mutable_lookup();
-    if (patched) {
-      early_->FillEffects(sh, next.plan, l);
-    } else {
-      next.plan.FillLookup(sh, /*read_only=*/false, l);
-      early_->AskChanged(sh, next.plan, l);
-    }
-    if (l->tables_size() == 0) {  // nothing for the lookup to do here
-      (*requests)[sh].clear_lookup();
-      continue;
-    }
-    SetClock(step, l);
-  }
+  early_->FillAfterPush(step, patched, next.plan, clock_, requests);
   return patched;
 }
 
@@ -452,13 +437,6 @@ bool StepMergerImpl::DeliverShare(int rank, std::unique_lock<std::mutex>& lock) 
   if (d.status.ok()) d.status = std::move(status);
   if (++d.done == static_cast<int>(d.claimed.size())) cv_.notify_all();
   return true;
-}
-
-void StepMergerImpl::SetClock(int64_t step, v1::LookupRequest* l) const {
-  if (options_.staleness < 0) return;
-  l->set_step(step);
-  l->set_staleness(static_cast<uint32_t>(options_.staleness));
-  l->set_worker_id(options_.worker_id);
 }
 
 StepMergerImpl* MergerImpl(StepMerger* merger) { return merger->impl_.get(); }

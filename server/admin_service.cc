@@ -1,13 +1,14 @@
 #include "server/admin_service.h"
 
 #include "spdlog/spdlog.h"
+#include "server/edge_call.h"
 #include "server/grpc_status.h"
 
-// A refused call answers with the refusal (see server/token_auth.h).
-#define EMBER_AUTHORIZE(context, role, rpc)                                   \
-  if (absl::Status denied = Authorize(auth_, *(context), role, rpc);          \
-      !denied.ok()) {                                                         \
-    return ToGrpcStatus(denied);                                              \
+// A refused call answers with the refusal (see shard/shard_edge.h).
+#define EMBER_AUTHORIZE(context, role, rpc)                                       \
+  if (absl::Status denied = edge_->Authorize(ReadEdgeCall(*(context), rpc), role); \
+      !denied.ok()) {                                                             \
+    return ToGrpcStatus(denied);                                                  \
   }
 
 namespace ember {
@@ -16,7 +17,7 @@ grpc::Status AdminServiceImpl::CreateTable(grpc::ServerContext* context,
                                            const v1::CreateTableRequest* request,
                                            v1::CreateTableResponse* response) {
   EMBER_AUTHORIZE(context, Role::kAdmin, "CreateTable");
-  absl::Status s = shard_->CreateTable(request->config(), response);
+  absl::Status s = edge_->shard().CreateTable(request->config(), response);
   if (s.ok() && response->created()) {
     spdlog::info("created table '{}' dim {}", request->config().name(), request->config().dim());
   }
@@ -27,7 +28,7 @@ grpc::Status AdminServiceImpl::ListTables(grpc::ServerContext* context,
                                           const v1::ListTablesRequest*,
                                           v1::ListTablesResponse* response) {
   EMBER_AUTHORIZE(context, Role::kReader, "ListTables");
-  shard_->ListTables(response);
+  edge_->shard().ListTables(response);
   return grpc::Status::OK;
 }
 
@@ -35,7 +36,7 @@ grpc::Status AdminServiceImpl::DropTable(grpc::ServerContext* context,
                                          const v1::DropTableRequest* request,
                                          v1::DropTableResponse*) {
   EMBER_AUTHORIZE(context, Role::kAdmin, "DropTable");
-  absl::Status s = shard_->DropTable(request->name());
+  absl::Status s = edge_->shard().DropTable(request->name());
   if (s.ok()) spdlog::info("dropped table '{}'", request->name());
   return ToGrpcStatus(s);
 }
@@ -44,7 +45,7 @@ grpc::Status AdminServiceImpl::GetShardInfo(grpc::ServerContext* context,
                                             const v1::GetShardInfoRequest*,
                                             v1::GetShardInfoResponse* response) {
   EMBER_AUTHORIZE(context, Role::kReader, "GetShardInfo");
-  shard_->GetShardInfo(response);
+  edge_->shard().GetShardInfo(response);
   return grpc::Status::OK;
 }
 
@@ -77,7 +78,7 @@ grpc::Status AdminServiceImpl::CommitMove(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::AbortMove(grpc::ServerContext* context, const v1::AbortMoveRequest*,
                                          v1::AbortMoveResponse* response) {
   EMBER_AUTHORIZE(context, Role::kAdmin, "AbortMove");
-  response->set_was_holding(shard_->ReleaseMoveHold());
+  response->set_was_holding(edge_->shard().ReleaseMoveHold());
   if (response->was_holding()) spdlog::info("move aborted: the held pushes go on");
   return grpc::Status::OK;
 }

@@ -3,18 +3,17 @@
 
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "shard/checkpointer.h"
-#include "shard/shard.h"
-#include "server/token_auth.h"
+#include "shard/shard_edge.h"
 
 namespace ember {
 
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
-  // `shard`, `checkpointer` and `auth` (null: no authentication) must
+  // `edge` (whose tokens authorise the calls) and `checkpointer` must
   // outlive the service. CreateTable, DropTable, Checkpoint and the
   // moves need the admin role; the read-only calls any role.
-  AdminServiceImpl(Shard* shard, Checkpointer* checkpointer, const TokenAuth* auth = nullptr)
-      : shard_(shard), checkpointer_(checkpointer), auth_(auth) {}
+  AdminServiceImpl(const ShardEdge* edge, Checkpointer* checkpointer)
+      : edge_(edge), checkpointer_(checkpointer) {}
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
@@ -35,9 +34,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                          v1::AbortMoveResponse* response) override;
 
  private:
-  Shard* shard_;
+  const ShardEdge* edge_;
   Checkpointer* checkpointer_;
-  const TokenAuth* auth_;
 };
 
 }  // namespace ember

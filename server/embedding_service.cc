@@ -13,68 +13,12 @@
 #include "common/aliased_serialize.h"
 #include "common/status_macros.h"
 #include "common/wire.h"
+#include "server/edge_call.h"
 #include "server/grpc_status.h"
 #include "server/received_exchange.h"
 
-// A refused call answers with the refusal (see server/token_auth.h).
-#define EMBER_AUTHORIZE_SYNC(context, rpc)                                           \
-  if (absl::Status denied = Authorize(auth_, context, Role::kTrainer, rpc);         \
-      !denied.ok()) {                                                                \
-    return ToGrpcStatus(denied);                                                     \
-  }
-#define EMBER_AUTHORIZE_REACTOR(context, rpc, reactor)                               \
-  if (absl::Status denied = Authorize(auth_, context, Role::kTrainer, rpc);         \
-      !denied.ok()) {                                                                \
-    (reactor)->Finish(ToGrpcStatus(denied));                                         \
-    return reactor;                                                                  \
-  }
-// A call over its connection's or the shard's in-flight bytes is refused
-// before it runs (see server/inflight_limit.h); `ticket` holds its bytes
-// (`bytes`: the request's size on the wire).
-#define EMBER_ADMIT_SYNC(ticket, context, bytes, rpc)                         \
-  absl::StatusOr<Ticket> ticket = Admit(inflight_, context, bytes, rpc);     \
-  if (!ticket.ok()) return ToGrpcStatus(ticket.status());
-
 namespace ember {
 namespace {
-
-using Ticket = std::shared_ptr<const InflightLimit::Ticket>;
-
-// The call's in-flight ticket for a request of `bytes` on the wire; null
-// without a limit.
-absl::StatusOr<Ticket> Admit(InflightLimit* limit, const grpc::ServerContextBase& context,
-                             size_t bytes, absl::string_view rpc) {
-  if (limit == nullptr) return Ticket();
-  return limit->Acquire(context.peer(), bytes, rpc);
-}
-
-// A lookup that writes nothing (every table read_only) is a reader's call;
-// one that inserts rows is a trainer's.
-absl::Status AuthorizeLookup(const TokenAuth* auth, const grpc::ServerContextBase& context,
-                             const v1::LookupRequest& request) {
-  if (auth == nullptr) return absl::OkStatus();  // no tokens: nothing to look at
-  for (const v1::TableLookup& t : request.tables()) {
-    if (!t.read_only()) {
-      return Authorize(
-          auth, context, Role::kTrainer, "Lookup",
-          absl::StrCat("table '", t.table(), "' has read_only = false: it inserts rows"));
-    }
-  }
-  return Authorize(auth, context, Role::kReader, "Lookup");
-}
-
-// A call whose deadline passed while it queued is not worth starting.
-bool Expired(const grpc::ServerContextBase* context) {
-  return context->deadline() < std::chrono::system_clock::now();
-}
-const grpc::Status kExpired(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed in queue");
-
-// The call's deadline, which also bounds a lookup's consistency wait.
-absl::Time Deadline(const grpc::ServerContextBase* context) {
-  return context->deadline() == std::chrono::system_clock::time_point::max()
-             ? absl::InfiniteFuture()
-             : absl::FromChrono(context->deadline());
-}
 
 // How long one exchange of a stream may wait for the consistency clock: the
 // stream's ember-exchange-timeout-ms metadata; without it (or unreadable),
@@ -88,30 +32,6 @@ absl::Duration StreamExchangeTimeout(const grpc::ServerContextBase* context) {
     return absl::InfiniteDuration();
   }
   return absl::Milliseconds(ms);
-}
-
-// The call's routing epoch (ember-routing-epoch): 0 when it sends none,
-// which the shard does not check.
-absl::StatusOr<uint64_t> CallRoutingEpoch(const grpc::ServerContextBase& context) {
-  const auto& metadata = context.client_metadata();
-  const auto it = metadata.find(kRoutingEpochMetadata);
-  if (it == metadata.end()) return 0;
-  const absl::string_view value(it->second.data(), it->second.size());
-  uint64_t epoch = 0;
-  if (!absl::SimpleAtoi(value, &epoch)) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata '", kRoutingEpochMetadata,
-                                                   "': expected a decimal number, received '",
-                                                   value, "'"));
-  }
-  return epoch;
-}
-
-// Refuses a call routed by another routing epoch than the shard's.
-absl::Status CheckCallRoutingEpoch(const Shard& shard, const grpc::ServerContextBase& context,
-                                   absl::string_view rpc) {
-  absl::StatusOr<uint64_t> epoch = CallRoutingEpoch(context);
-  if (!epoch.ok()) return epoch.status();
-  return shard.CheckRoutingEpoch(*epoch, rpc);
 }
 
 // A response of `pool` that nothing else holds (gRPC has sent its bytes),
@@ -154,64 +74,31 @@ class OpenStream {
   ShardMetrics* metrics_;
 };
 
-// Runs `call`, then counts it per method and status code with its latency.
-template <typename Call>
-grpc::Status MeasuredCall(ShardMetrics* metrics, ShardMetrics::Rpc rpc, Call call) {
-  if (metrics == nullptr) return ToGrpcStatus(call());
-  const absl::Time start = absl::Now();
-  const absl::Status status = call();
-  metrics->RecordCall(rpc, status.code(), absl::ToDoubleSeconds(absl::Now() - start));
-  return ToGrpcStatus(status);
-}
-
 }  // namespace
-
-template <typename Call>
-grpc::Status EmbeddingServiceImpl::Measured(ShardMetrics::Rpc rpc, Call call) {
-  return MeasuredCall(metrics_, rpc, std::move(call));
-}
 
 grpc::Status EmbeddingServiceImpl::Lookup(grpc::ServerContext* context,
                                           const v1::LookupRequest* request,
                                           v1::LookupResponse* response) {
-  if (Expired(context)) return kExpired;
-  if (absl::Status denied = AuthorizeLookup(auth_, *context, *request); !denied.ok()) {
-    return ToGrpcStatus(denied);
-  }
-  EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Lookup");
-  return Measured(ShardMetrics::Rpc::kLookup, [&] {
-    EMBER_RETURN_IF_ERROR(CheckCallRoutingEpoch(*shard_, *context, "Lookup"));
-    return shard_->Lookup(*request, response, Deadline(context));
-  });
+  return ToGrpcStatus(edge_->Lookup(ReadEdgeCall(*context, "Lookup"), *request, response));
 }
 
 grpc::Status EmbeddingServiceImpl::Push(grpc::ServerContext* context,
                                         const v1::PushRequest* request,
                                         v1::PushResponse* response) {
-  if (Expired(context)) return kExpired;
-  EMBER_AUTHORIZE_SYNC(*context, "Push");
-  EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Push");
-  return Measured(ShardMetrics::Rpc::kPush, [&] {
-    EMBER_RETURN_IF_ERROR(CheckCallRoutingEpoch(*shard_, *context, "Push"));
-    return shard_->Push(*request, response);
-  });
+  return ToGrpcStatus(edge_->Push(ReadEdgeCall(*context, "Push"), *request, response));
 }
 
 grpc::Status EmbeddingServiceImpl::Exchange(grpc::ServerContext* context,
                                             const v1::ExchangeRequest* request,
                                             v1::ExchangeResponse* response) {
-  if (Expired(context)) return kExpired;
-  EMBER_AUTHORIZE_SYNC(*context, "Exchange");
-  EMBER_ADMIT_SYNC(ticket, *context, request->ByteSizeLong(), "Exchange");
-  return Measured(ShardMetrics::Rpc::kExchange, [&] {
-    EMBER_RETURN_IF_ERROR(CheckCallRoutingEpoch(*shard_, *context, "Exchange"));
-    return shard_->Exchange(*request, response, Deadline(context));
-  });
+  ShardEdge::Exchange exchange(*edge_, ReadEdgeCall(*context, "Exchange"));
+  absl::Status status = exchange.Open();
+  if (status.ok()) status = exchange.Push(*request, response, request->ByteSizeLong());
+  if (status.ok()) status = exchange.Answer(*request, response, absl::InfiniteFuture());
+  return ToGrpcStatus(status);
 }
 
-EmbeddingServiceImpl::EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics,
-                                           const TokenAuth* auth, InflightLimit* inflight)
-    : shard_(shard), metrics_(metrics), auth_(auth), inflight_(inflight) {
+EmbeddingServiceImpl::EmbeddingServiceImpl(const ShardEdge* edge) : edge_(edge) {
   // The generated sync handler would parse and serialise with protobuf
   // (copying every row); this one takes the stream's bytes. The method keeps
   // its name, type and wire format, so clients see no difference.
@@ -254,36 +141,17 @@ grpc::Status EmbeddingServiceImpl::ExchangeStreamRaw(
 struct ServedExchanges::State {
   State(const EmbeddingServiceImpl& service, const grpc::ServerContextBase* context,
         const char* rpc)
-      : shard(service.shard_),
-        metrics(service.metrics_),
-        auth(service.auth_),
-        inflight(service.inflight_),
-        context(context),
-        rpc(rpc),
-        timeout(StreamExchangeTimeout(context)),
-        epoch(CallRoutingEpoch(*context)) {}
-  Shard* shard;
+      : metrics(service.edge_->metrics()),
+        exchange(*service.edge_, ReadEdgeCall(*context, rpc)),
+        timeout(StreamExchangeTimeout(context)) {}
   ShardMetrics* metrics;
-  const TokenAuth* auth;
-  InflightLimit* inflight;
-  const grpc::ServerContextBase* context;
-  const char* rpc;
+  ShardEdge::Exchange exchange;
   const absl::Duration timeout;
-  const absl::StatusOr<uint64_t> epoch;  // the call's routing epoch
   std::optional<OpenStream> open;  // streams only
   ReceivedExchange received;
   std::vector<std::shared_ptr<v1::ExchangeResponse>> responses;
   std::shared_ptr<v1::ExchangeResponse> response;  // of the message in progress
-  Ticket ticket;  // the message's in-flight bytes, until the next one
   absl::Time start;  // of the message's Push
-
-  grpc::Status Record(const absl::Status& status) const {
-    if (metrics != nullptr) {
-      metrics->RecordCall(ShardMetrics::Rpc::kExchange, status.code(),
-                          absl::ToDoubleSeconds(absl::Now() - start));
-    }
-    return ToGrpcStatus(status);
-  }
 };
 
 ServedExchanges::ServedExchanges(const EmbeddingServiceImpl& service,
@@ -293,17 +161,12 @@ ServedExchanges::ServedExchanges(const EmbeddingServiceImpl& service,
 ServedExchanges::~ServedExchanges() = default;
 
 grpc::Status ServedExchanges::Open() {
-  if (Expired(state_->context)) return kExpired;
-  if (absl::Status s = Authorize(state_->auth, *state_->context, Role::kTrainer, state_->rpc);
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  if (absl::string_view(state_->rpc) == "ExchangeStream") state_->open.emplace(state_->metrics);
+  if (absl::Status s = state_->exchange.Open(); !s.ok()) return ToGrpcStatus(s);
+  if (state_->exchange.call().rpc == "ExchangeStream") state_->open.emplace(state_->metrics);
   return grpc::Status::OK;
 }
 
 grpc::Status ServedExchanges::Receive(grpc::ByteBuffer* in) {
-  state_->ticket.reset();
   if (!state_->received.Parse(in)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         state_->open ? kNotAnExchangeRequest
@@ -314,31 +177,20 @@ grpc::Status ServedExchanges::Receive(grpc::ByteBuffer* in) {
 
 grpc::Status ServedExchanges::Push() {
   State& st = *state_;
-  absl::StatusOr<Ticket> ticket = Admit(st.inflight, *st.context, st.received.wire_bytes(), st.rpc);
-  if (!ticket.ok()) return ToGrpcStatus(ticket.status());
-  st.ticket = *std::move(ticket);
   st.start = absl::Now();
   st.response = FreeResponse(&st.responses);
-  // The stream's epoch is read once; the shard's is compared per message.
-  absl::Status routed =
-      st.epoch.ok() ? st.shard->CheckRoutingEpoch(*st.epoch, st.rpc) : st.epoch.status();
-  if (!routed.ok()) return st.Record(routed);
-  const absl::Status pushed = st.shard->ExchangePush(st.received.message(), st.response.get(),
-                                                     st.received.gradient_pieces());
-  return pushed.ok() ? grpc::Status::OK : st.Record(pushed);
+  return ToGrpcStatus(st.exchange.Push(st.received.message(), st.response.get(),
+                                       st.received.wire_bytes(), st.received.gradient_pieces()));
 }
 
 bool ServedExchanges::MayWait() const {
-  const v1::ExchangeRequest& request = state_->received.message();
-  return (request.has_lookup() && state_->shard->MayWait(request.lookup())) ||
-         (request.has_peek() && state_->shard->MayWait(request.peek()));
+  return state_->exchange.MayWait(state_->received.message());
 }
 
 grpc::Status ServedExchanges::Answer(grpc::ByteBuffer* out) {
   State& st = *state_;
-  const absl::Time deadline = std::min(Deadline(st.context), st.start + st.timeout);
-  const grpc::Status status =
-      st.Record(st.shard->ExchangeLookup(st.received.message(), st.response.get(), deadline));
+  const grpc::Status status = ToGrpcStatus(
+      st.exchange.Answer(st.received.message(), st.response.get(), st.start + st.timeout));
   if (status.ok()) *out = SerializeAliased(std::move(st.response));
   st.response.reset();
   return status;
@@ -347,24 +199,15 @@ grpc::Status ServedExchanges::Answer(grpc::ByteBuffer* out) {
 grpc::Status EmbeddingServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                   const v1::RegisterWorkerRequest* request,
                                                   v1::RegisterWorkerResponse* response) {
-  EMBER_AUTHORIZE_SYNC(*context, "RegisterWorker");
-  // A client of an older routing must not change the clock of the cluster
-  // that replaced it (a pipeline closing after its cluster moved).
-  if (absl::Status s = CheckCallRoutingEpoch(*shard_, *context, "RegisterWorker"); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  return ToGrpcStatus(shard_->RegisterWorker(*request, response));
+  return ToGrpcStatus(
+      edge_->RegisterWorker(ReadEdgeCall(*context, "RegisterWorker"), *request, response));
 }
 
 grpc::Status EmbeddingServiceImpl::UnregisterWorker(grpc::ServerContext* context,
                                                     const v1::UnregisterWorkerRequest* request,
                                                     v1::UnregisterWorkerResponse* response) {
-  EMBER_AUTHORIZE_SYNC(*context, "UnregisterWorker");
-  if (absl::Status s = CheckCallRoutingEpoch(*shard_, *context, "UnregisterWorker"); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  shard_->UnregisterWorker(*request, response);
-  return grpc::Status::OK;
+  return ToGrpcStatus(
+      edge_->UnregisterWorker(ReadEdgeCall(*context, "UnregisterWorker"), *request, response));
 }
 
 }  // namespace ember

@@ -1,15 +1,12 @@
-// ember.v1.EmbeddingService over a Shard: deadline check, call, status
-// conversion. EmbeddingServiceImpl's handlers serve gRPC's synchronous API
+// ember.v1.EmbeddingService over a shard's edge (shard/shard_edge.h, which
+// authorises, admits, checks the routing and counts each call): reading the
+// call's metadata, the exchanges' bytes, and the status conversion. EmbeddingServiceImpl's handlers serve gRPC's synchronous API
 // (every call on one of the server's polling threads) and, called by
 // server/async_service.h, its async API (the default).
 #pragma once
 
 #include "ember/v1/embedding_service.grpc.pb.h"
-#include "server/inflight_limit.h"
-#include "shard/shard.h"
-#include "shard/shard_metrics.h"
-#include "server/token_auth.h"
-#include "shard/work_pool.h"
+#include "shard/shard_edge.h"
 
 namespace ember {
 
@@ -57,10 +54,8 @@ class ServedExchanges {
 
 class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
  public:
-  // `shard`, `metrics` (null: none), `auth` (null: no authentication) and
-  // `inflight` (null: no limit) must outlive the service.
-  EmbeddingServiceImpl(Shard* shard, ShardMetrics* metrics, const TokenAuth* auth = nullptr,
-                       InflightLimit* inflight = nullptr);
+  // `edge` must outlive the service.
+  explicit EmbeddingServiceImpl(const ShardEdge* edge);
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
@@ -85,14 +80,7 @@ class EmbeddingServiceImpl final : public v1::EmbeddingService::Service {
   // for the stream's life.
   grpc::Status ExchangeStreamRaw(grpc::ServerContext* context,
                                  grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
-  // Runs `call`, then counts it per method and status code with its latency.
-  template <typename Call>
-  grpc::Status Measured(ShardMetrics::Rpc rpc, Call call);
-
-  Shard* shard_;
-  ShardMetrics* metrics_;
-  const TokenAuth* auth_;
-  InflightLimit* inflight_;
+  const ShardEdge* edge_;
 };
 
 }  // namespace ember

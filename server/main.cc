@@ -50,6 +50,10 @@ ABSL_FLAG(uint64_t, max_message_bytes, Defaults().shard.max_message_bytes,
           "Largest request or response message in bytes.");
 ABSL_FLAG(absl::Duration, max_ssp_wait, Defaults().shard.max_ssp_wait,
           "Longest a lookup waits for slower workers' pushes (SSP), e.g. 30s.");
+ABSL_FLAG(absl::Duration, write_log_keep, Defaults().shard.write_log_keep,
+          "How long the record of which rows recent pushes wrote (for trainers' early fetch at "
+          "s = 0) is kept after the last peek; nothing is recorded until a trainer peeks. "
+          "inf: always.");
 ABSL_FLAG(int, metrics_port, Defaults().metrics_port,
           "Prometheus endpoint port (GET /metrics); 0 picks a free one; -1: no metrics.");
 ABSL_FLAG(std::string, metrics_bearer_token_file, "",
@@ -141,6 +145,7 @@ int main(int argc, char** argv) {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.shard.max_ssp_wait = absl::GetFlag(FLAGS_max_ssp_wait);
+  options.shard.write_log_keep = absl::GetFlag(FLAGS_write_log_keep);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_http.bearer_token_file = absl::GetFlag(FLAGS_metrics_bearer_token_file);
   options.checkpoint.directory = absl::GetFlag(FLAGS_checkpoint_dir);

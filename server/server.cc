@@ -16,11 +16,12 @@ namespace ember {
 struct Server::Services {
   Services(const ServerOptions& options, Shard* shard, ShardMetrics* metrics,
            Checkpointer* checkpointer, const TokenAuth* auth, InflightLimit* inflight)
-      : embedding(shard, metrics, auth, inflight), admin(shard, checkpointer, auth) {
+      : edge(shard, metrics, auth, inflight), embedding(&edge), admin(&edge, checkpointer) {
     if (options.rpc_mode == ServerOptions::RpcMode::kAsync) {
       async = std::make_unique<AsyncServices>(&embedding, &admin, shard, options.worker_threads);
     }
   }
+  ShardEdge edge;
   // kSync registers these handlers with gRPC; kAsync runs the same handlers
   // from its completion threads (`async`), and registers nothing else.
   EmbeddingServiceImpl embedding;

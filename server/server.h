@@ -11,11 +11,11 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
-#include "server/inflight_limit.h"
+#include "shard/inflight_limit.h"
 #include "shard/shard.h"
 #include "shard/shard_host.h"
 #include "shard/shard_metrics.h"
-#include "server/token_auth.h"
+#include "shard/token_auth.h"
 
 namespace grpc {
 class Server;
@@ -64,11 +64,11 @@ struct ServerOptions {
   std::string restore_from;
   // TLS / mutual TLS for both services (plaintext when not enabled).
   ServerTlsOptions tls;
-  // Bearer tokens and their roles (server/token_auth.h); empty: every call
+  // Bearer tokens and their roles (shard/token_auth.h); empty: every call
   // is accepted.
   std::string auth_tokens_file;
   // Request bytes calls may hold at once, per connection and in total
-  // (server/inflight_limit.h); beyond, RESOURCE_EXHAUSTED.
+  // (shard/inflight_limit.h); beyond, RESOURCE_EXHAUSTED.
   InflightLimit::Options inflight{.total = uint64_t{1} << 30, .per_connection = uint64_t{512} << 20};
 
   absl::Status Validate() const;

@@ -32,6 +32,10 @@ absl::Status ShardOptions::Validate() const {
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("max_keys_per_request: expected >= 1, received 0");
   }
+  if (write_log_keep <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("write_log_keep: expected > 0, received ",
+                                                   absl::FormatDuration(write_log_keep)));
+  }
   if (max_ssp_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("max_ssp_wait: expected >= 0, received ",
                                                    absl::FormatDuration(max_ssp_wait)));
@@ -46,7 +50,7 @@ absl::Status ShardOptions::Validate() const {
   return CheckStoreDevice(device);
 }
 
-Shard::Shard(ShardOptions options) : options_(options) {
+Shard::Shard(ShardOptions options) : options_(options), gate_(options.write_log_keep) {
   auto placement = std::make_shared<ShardPlacement>();
   placement->index = options_.shard_index;
   placement->count = options_.shard_count;
@@ -108,7 +112,7 @@ absl::Status Shard::CreateTable(const v1::TableConfig& requested,
   response->set_created(true);
   FillTableInfo(*table, response->mutable_table());
   tables_.emplace(table->config.name(), std::move(table));
-  written_.ForgetAll();
+  gate_.log().ForgetAll();
   return absl::OkStatus();
 }
 
@@ -121,7 +125,7 @@ absl::Status Shard::DropTable(absl::string_view name) {
   }
   dropped = std::move(it->second);
   tables_.erase(it);
-  written_.ForgetAll();
+  gate_.log().ForgetAll();
   return absl::OkStatus();
 }
 
@@ -145,7 +149,7 @@ void Shard::GetShardInfo(v1::GetShardInfoResponse* r) const {
   r->set_joining(placement->joining);
   r->set_retired(placement->retired);
   for (const std::string& a : placement->addresses) r->add_cluster_addresses(a);
-  r->set_move_held(move_held());
+  r->set_move_held(gate_.held());
   r->set_max_keys_per_request(options_.max_keys_per_request);
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_version(EMBER_VERSION);
@@ -333,7 +337,7 @@ absl::Status Shard::RegisterWorker(const v1::RegisterWorkerRequest& request,
   }
   // A worker that joins may push steps below those a peek already waited
   // for: the write log cannot vouch for rows read before it.
-  written_.ForgetAll();
+  gate_.log().ForgetAll();
   response->set_registered_workers(clock_.Register(request.worker_id(), request.first_step()));
   return absl::OkStatus();
 }
@@ -523,41 +527,30 @@ absl::Status Shard::Push(const v1::PushRequest& request, v1::PushResponse* respo
     response->set_duplicate(true);
     return absl::OkStatus();
   }
-  // Between a move's cut and its commit, every push past the cut is
-  // refused (the commit would drop what it wrote), untracked ones too;
-  // those are counted, so that the cut waits for those under way. A push
-  // that waited for a checkpoint's hold may find its tables moved out.
-  const bool untracked = claim == SspClock::Claim::kUntracked;
-  if (untracked) untracked_pushes_.fetch_add(1);
-  absl::Cleanup untracked_done = [&] {
-    if (untracked) untracked_pushes_.fetch_sub(1);
-  };
+  const bool tracked = claim == SspClock::Claim::kClaimed;
+  // A push that waited for a checkpoint's hold may find its tables moved
+  // out; between a move's cut and its commit, the gate refuses pushes
+  // past the cut (the commit would drop what they wrote).
   absl::Status movable = CheckNotMoved(resolved, "Push");
-  if (movable.ok() && move_held() && (untracked || request.step() > move_step_.load())) {
-    movable = absl::UnavailableError(absl::StrCat(
-        "Push: a move of the cluster to another shard count holds this shard's pushes past step ",
-        move_step_.load(), " (its cut); worker ", request.worker_id(), " step ", request.step(),
-        untracked ? " (not registered)" : "",
-        " was not applied. Retry: once the move is committed, the cluster refuses it with ABORTED "
-        "and the client connects again"));
+  absl::StatusOr<PushGate::Pass> pass =
+      movable.ok() ? gate_.Enter(request.worker_id(), request.step(), tracked)
+                   : absl::StatusOr<PushGate::Pass>(movable);
+  if (!pass.ok()) {
+    if (tracked) clock_.End(request.worker_id(), request.step(), false);
+    return pass.status();
   }
-  if (!movable.ok()) {
-    if (claim == SspClock::Claim::kClaimed) clock_.End(request.worker_id(), request.step(), false);
-    return movable;
-  }
-  // The write log learns of the push before the clock counts it applied.
-  if (claim == SspClock::Claim::kClaimed) {
-    for (int i = 0; i < request.tables_size(); ++i) {
-      written_.Record(request.tables(i).table(), request.step(), resolved[i].keys);
-    }
-  } else {
-    written_.ForgetAll();  // an untracked worker's push: any row may change
+  // The write log (while kept) learns of the push before the clock counts
+  // it applied.
+  for (int i = 0; i < request.tables_size(); ++i) {
+    pass->Record(request.tables(i).table(), request.step(), resolved[i].keys);
   }
   absl::Status applied = Apply(request, resolved, grads, response);
-  if (claim == SspClock::Claim::kClaimed) {
+  if (tracked) {
     clock_.End(request.worker_id(), request.step(), applied.ok());
     // No worker's lookup asks about steps below its own applied one.
-    if (const int64_t oldest = clock_.MinApplied(); oldest != INT64_MAX) written_.Forget(oldest);
+    if (const int64_t oldest = clock_.MinApplied(); oldest != INT64_MAX) {
+      gate_.log().Forget(oldest);
+    }
   }
   return applied;
 }
@@ -567,7 +560,7 @@ void Shard::KeepChangedRows(const Resolved& r, int64_t since, uint64_t token,
   std::string changed;
   uint64_t count = 0;
   if (!Replayable(*r.table->store) ||
-      !written_.Changed(out->table(), since, token, r.keys, &changed, &count)) {
+      !gate_.log().Changed(out->table(), since, token, r.keys, &changed, &count)) {
     return;  // every row, as a plain lookup
   }
   if (count == changed.size()) return;  // every row changed: no mask needed

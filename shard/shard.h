@@ -34,7 +34,7 @@
 #include "kernels/store_factory.h"
 #include "shard/shard_metrics.h"
 #include "shard/ssp_clock.h"
-#include "shard/write_log.h"
+#include "shard/push_gate.h"
 
 namespace ember {
 
@@ -114,6 +114,10 @@ struct ShardOptions {
   // Longest a lookup waits for the consistency clock (its own deadline may
   // end the wait earlier).
   absl::Duration max_ssp_wait = absl::Seconds(60);
+  // How long the write log (which rows recent pushes wrote, for early
+  // fetch's changed_since) is kept after the last peek; until a trainer
+  // peeks, pushes record nothing. absl::InfiniteDuration(): always kept.
+  absl::Duration write_log_keep = absl::Seconds(60);
   // Where the tables live: host memory, or one GPU's memory.
   StoreDevice device;
 
@@ -342,7 +346,7 @@ class Shard {
   mutable RwMutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   SspClock clock_;
-  WriteLog written_;                 // for TableLookup.changed_since
+  PushGate gate_;                    // move holds, untracked pushes, the write log
   std::mutex snapshot_mu_;           // one Snapshot at a time
   std::string restored_from_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const ShardPlacement> placement_ ABSL_GUARDED_BY(mu_);
@@ -353,9 +357,6 @@ class Shard {
   std::atomic<uint64_t> serving_epoch_{kNotServing};
   void SetPlacement(std::shared_ptr<const ShardPlacement> placement)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::atomic<bool> move_held_{false};    // between a move's cut and its end
-  std::atomic<int64_t> move_step_{-1};    // the cut
-  std::atomic<int> untracked_pushes_{0};  // pushes of unregistered workers under way
   ShardMetrics* metrics_ = nullptr;  // set before serving; null: no metrics
 };
 

@@ -70,7 +70,7 @@ class ShardMetrics {
   // ExchangeStream: streams opened since start, and open now.
   metrics::Counter& exchange_streams_opened;
   metrics::Gauge& exchange_streams_open;
-  // Request bytes held by calls running now (server/inflight_limit.h).
+  // Request bytes held by calls running now (shard/inflight_limit.h).
   metrics::Gauge& inflight_request_bytes;
 
   // Checkpoints: one finished (`kind` full or delta, `ok` or the status

@@ -54,9 +54,9 @@ absl::Status Shard::Peek(const v1::LookupRequest& request, v1::LookupResponse* r
   EMBER_RETURN_IF_ERROR(WaitForClock(request, "peek", deadline));
   EMBER_RETURN_IF_ERROR(CheckNotMoved(resolved, "Peek"));
 
-  // Before any row is read: a change the log misses after this point
-  // changes the token the trainer hands back.
-  response->set_write_log(written_.token());
+  // Before any row is read: the log is kept from here, and a change it
+  // misses after this point changes the token the trainer hands back.
+  response->set_write_log(gate_.log().PeekToken());
   uint32_t others = 0;
   for (const auto& [worker, progress] : clock_.Workers()) others += worker != request.worker_id();
   response->set_other_workers(others);

@@ -13,7 +13,7 @@ namespace ember {
 absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool delta,
                                               absl::Time deadline, bool as_is, bool hold_for_move) {
   std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
-  if (move_held() && !as_is) {
+  if (gate_.held() && !as_is) {
     return absl::UnavailableError(
         "a move of the cluster holds this shard's pushes at its cut: no other checkpoint until it "
         "is committed or aborted (ember-move)");
@@ -23,7 +23,7 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
   bool holding = false;
   absl::Cleanup release = [&] {
     if (holding) clock_.ReleaseHold();
-    if (hold_for_move) move_held_.store(false);
+    if (hold_for_move) gate_.Release();
   };
   if (as_is) {
     const int64_t min_applied = clock_.MinApplied();
@@ -38,16 +38,9 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
     }
   }
   if (hold_for_move) {
-    // Pushes of unregistered workers are not held: refuse the next ones,
-    // and let those under way finish before the copy.
-    move_held_.store(true);
-    while (untracked_pushes_.load() > 0) {
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            "a move's cut: pushes of unregistered workers still under way at the deadline");
-      }
-      absl::SleepFor(absl::Microseconds(100));
-    }
+    // Pushes of unregistered workers are not held by the clock: the gate
+    // refuses the next ones and waits for those under way.
+    EMBER_RETURN_IF_ERROR(gate_.Hold(deadline));
   }
   snap.workers = clock_.Workers();
   const absl::Time cut = absl::Now();
@@ -88,20 +81,19 @@ absl::StatusOr<ShardSnapshot> Shard::Snapshot(std::optional<int64_t> step, bool 
     // (UNAVAILABLE: clients retry) rather than held: a held push would keep
     // its thread, and the server's threads must answer the move's calls.
     // Set before the clock lets them go, so that none is applied.
-    move_step_.store(snap.step);
-    move_held_.store(true);
+    gate_.HoldPast(snap.step);
     std::move(release).Cancel();
     if (holding) clock_.ReleaseHold();
   }
   return snap;
 }
 
-bool Shard::move_held() const { return move_held_.load(); }
+bool Shard::move_held() const { return gate_.held(); }
 
 bool Shard::ReleaseMoveHold() {
   // One snapshot at a time: a move's cut is made, or refused, whole.
   std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
-  return move_held_.exchange(false);
+  return gate_.Release();
 }
 
 uint64_t Shard::ExpireRows(absl::Duration since_start) {
@@ -139,7 +131,7 @@ void Shard::InstallMoved(std::vector<RestoredTable> tables,
   std::lock_guard<std::mutex> one_at_a_time(snapshot_mu_);
   Install(std::move(tables), workers, std::make_shared<const ShardPlacement>(std::move(placement)),
           source);
-  move_held_.store(false);
+  gate_.Release();
 }
 
 void Shard::Install(std::vector<RestoredTable> restored,
@@ -158,7 +150,7 @@ void Shard::Install(std::vector<RestoredTable> restored,
     SetPlacement(std::move(placement));
     restored_from_ = source;
   }
-  written_.ForgetAll();  // every row may differ from what a trainer peeked
+  gate_.log().ForgetAll();  // every row may differ from what a trainer peeked
   for (const auto& [id, applied] : clock_.AppliedSteps()) clock_.Unregister(id);
   for (const auto& [id, progress] : workers) clock_.Restore(id, progress);
 }

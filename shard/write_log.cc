@@ -34,21 +34,51 @@ void WriteLog::Forget(int64_t step) {
   }
 }
 
-WriteLog::WriteLog()
-    : token_(std::random_device()() * uint64_t{0x100000001} ^ absl::ToUnixNanos(absl::Now())) {}
+WriteLog::WriteLog(absl::Duration keep)
+    : keep_(keep),
+      token_(std::random_device()() * uint64_t{0x100000001} ^ absl::ToUnixNanos(absl::Now())),
+      kept_(keep == absl::InfiniteDuration()) {
+  if (token_ == 0) token_ = 1;
+}
 
-void WriteLog::ForgetAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++token_;
+void WriteLog::RestartLocked() {
+  if (++token_ == 0) token_ = 1;
   tables_.clear();
   // Only questions with the new token count, about pushes recorded from
   // now on: none of them is forgotten yet (steps may start over).
   forgotten_below_ = std::numeric_limits<int64_t>::min();
 }
 
+void WriteLog::ForgetAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RestartLocked();
+}
+
+bool WriteLog::BeginPush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kept_ && keep_ != absl::InfiniteDuration() && absl::Now() - last_peek_ > keep_) {
+    kept_ = false;  // no peek for `keep`: stop; no old token is answered
+    RestartLocked();
+  }
+  if (!kept_) ++unrecorded_;
+  return kept_;
+}
+
+void WriteLog::EndUnrecorded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --unrecorded_;
+}
+
 uint64_t WriteLog::token() const {
   std::lock_guard<std::mutex> lock(mu_);
   return token_;
+}
+
+uint64_t WriteLog::PeekToken() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_peek_ = absl::Now();
+  kept_ = true;
+  return unrecorded_ > 0 ? 0 : token_;
 }
 
 bool WriteLog::Changed(const std::string& table, int64_t since, uint64_t token,
@@ -57,7 +87,7 @@ bool WriteLog::Changed(const std::string& table, int64_t since, uint64_t token,
   absl::flat_hash_set<uint64_t> written;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (token != token_ || since < forgotten_below_) return false;
+    if (token == 0 || token != token_ || since < forgotten_below_) return false;
     auto it = tables_.find(table);
     if (it != tables_.end()) {
       for (const Push& p : it->second) {

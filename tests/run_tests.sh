@@ -13,6 +13,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage's wall time, printed as it ends and summed up at the end
+# (docs/testing.md keeps the table).
+STAGES=""
+STAGE_START=$SECONDS
+STAGE_NAME=""
+stage() {
+  if [ -n "$STAGE_NAME" ]; then
+    local took=$((SECONDS - STAGE_START))
+    echo "== stage '$STAGE_NAME' took ${took}s"
+    STAGES="$STAGES$(printf '%-28s %6ss' "$STAGE_NAME" "$took")"$'\n'
+  fi
+  STAGE_NAME="$1"
+  STAGE_START=$SECONDS
+}
+
+stage "install and environments"
 bash deploy/install-deps.sh
 # libember_c.so's static gRPC/protobuf/Abseil/OpenSSL/re2/zlib (the Python
 # package beside TensorFlow and PyTorch; ctest c_api_symbols checks it).
@@ -23,11 +39,14 @@ python3 tests/checks/comment_paths.py
 # The Python package's environment (.venv: numpy, pytest, PyTorch, TensorFlow).
 PYTHON="$(bash scripts/python_env.sh | tail -1)"
 NEWEST_PYTHON="$(bash scripts/python_env.sh newest | tail -1)"
+stage "build"
 bash scripts/build.sh -DEMBER_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON" \
   -DEMBER_NEWEST_PYTHON="$NEWEST_PYTHON"
+stage "ctest"
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
+  stage "tsan"
   echo "== ThreadSanitizer: metrics, store, shard, SSP, client and shard-process concurrency tests"
   EMBER_BUILD_DIR=build-tsan \
     EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test exchange_stream_test ember-server" \
@@ -55,6 +74,7 @@ if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
   unset EMBER_SERVER_BIN
 fi
 if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
+  stage "asan"
   echo "== AddressSanitizer + UBSan: common, store, shard, server, client and checkpoint tests"
   EMBER_BUILD_DIR=build-asan \
     EMBER_TARGETS="common_test store_test shard_test server_integration_test client_test client_integration_test exchange_stream_test checkpoint_integration_test" \
@@ -70,7 +90,10 @@ if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
   build-asan/tests/checkpoint_integration_test
 fi
 if [ "${EMBER_SKIP_FUZZ:-0}" != "1" ]; then
+  stage "fuzz"
   echo "== Fuzzing: every libFuzzer target for ${EMBER_FUZZ_SECONDS:-60}s (Clang, ASan + UBSan)"
   bash tests/fuzz/run_fuzzers.sh "${EMBER_FUZZ_SECONDS:-60}"
 fi
+stage ""
+printf '== stage times (total %ss)\n%s' "$SECONDS" "$STAGES"
 echo "== all tests passed"

@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "client/request_plan.h"
 #include "ember/client.h"
 #include "ember/step_merger.h"
 
@@ -121,11 +122,20 @@ class StepMergerImpl {
   // room for the gradient sums, whose addresses go to sum_at_. Returns
   // the payload bytes; INTERNAL if the step was never fetched.
   absl::StatusOr<uint64_t> PreparePush(int64_t step, std::vector<v1::ExchangeRequest>* requests);
-  // The consistency fields of a lookup of `step` (none when asynchronous).
-  void SetClock(int64_t step, v1::LookupRequest* l) const;
+  // The round's fetch: the ranks' keys deduplicated into one merged step
+  // (kept in steps_ until its push) and routed; counts it in the stats.
+  MergedStep* MergeFetch(const std::vector<Part*>& parts);
+  // Hands each rank its rows of `step` from the round's answers (answers_)
+  // by address, as `with_rows` maps them; with `peeked`, the step was
+  // refetched over its peek (only changed rows came). Adds the row bytes
+  // to *received.
+  absl::Status HandOutRows(const std::vector<Part*>& parts, int64_t step,
+                           const MergedStep& with_rows, const std::vector<const float*>* peeked,
+                           uint64_t* received);
 
   Client* const client_;
   const StepMergerOptions options_;
+  const LookupClock clock_{options_.staleness, options_.worker_id};
   bool registered_ = false;
   std::vector<std::string> tables_;
   std::vector<uint32_t> dims_;

@@ -18,7 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/health_check.h"
-#include "server/token_auth.h"
+#include "shard/token_auth.h"
 #include "tests/server/http_get.h"
 #include "tests/server/requests.h"
 #include "tests/server/server_process.h"

@@ -1,4 +1,4 @@
-#include "server/inflight_limit.h"
+#include "shard/inflight_limit.h"
 
 #include <thread>
 #include <vector>

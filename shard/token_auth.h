@@ -1,4 +1,5 @@
-// Bearer-token authentication and roles for a shard's gRPC services.
+// Bearer-token authentication and roles for a shard's calls, whatever
+// transport brings them (shard/shard_edge.h checks them).
 //
 // The tokens file (--auth_tokens_file) holds one "<token> <role>" per line;
 // blank lines and lines starting with '#' are skipped. Roles, each with the
@@ -19,6 +20,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +28,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "grpcpp/server_context.h"
 #include "shard/shard_metrics.h"
 
 namespace ember {
@@ -47,10 +48,11 @@ class TokenAuth {
   void SetMetrics(ShardMetrics* metrics) { metrics_ = metrics; }
 
   // OK when the call's token has a role that may make `rpc`, which needs
-  // `needed`; `why` (may be empty) says why the call needs it, for the
-  // refusal's message.
-  absl::Status Check(const grpc::ServerContextBase& context, Role needed, absl::string_view rpc,
-                     absl::string_view why = "") const;
+  // `needed`; `authorization` is the call's "authorization" metadata as
+  // sent (nullopt: it sent none); `why` (may be empty) says why the call
+  // needs the role, for the refusal's message.
+  absl::Status Check(std::optional<absl::string_view> authorization, Role needed,
+                     absl::string_view rpc, absl::string_view why = "") const;
 
   size_t size() const { return tokens_.size(); }
 
@@ -58,11 +60,5 @@ class TokenAuth {
   std::vector<std::pair<std::string, Role>> tokens_;
   ShardMetrics* metrics_ = nullptr;
 };
-
-// OK when `auth` is null (no --auth_tokens_file); else auth->Check.
-inline absl::Status Authorize(const TokenAuth* auth, const grpc::ServerContextBase& context,
-                              Role needed, absl::string_view rpc, absl::string_view why = "") {
-  return auth == nullptr ? absl::OkStatus() : auth->Check(context, needed, rpc, why);
-}
 
 }  // namespace ember

@@ -1,4 +1,4 @@
-#include "server/token_auth.h"
+#include "shard/token_auth.h"
 
 #include <fstream>
 #include <optional>
@@ -83,14 +83,11 @@ absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromText(absl::string_view
   return auth;
 }
 
-absl::Status TokenAuth::Check(const grpc::ServerContextBase& context, Role needed,
+absl::Status TokenAuth::Check(std::optional<absl::string_view> authorization, Role needed,
                               absl::string_view rpc, absl::string_view why) const {
-  const auto& metadata = context.client_metadata();
-  const auto it = metadata.find("authorization");
   absl::string_view presented;
-  if (it != metadata.end()) {
-    const absl::string_view value(it->second.data(), it->second.size());
-    if (absl::StartsWith(value, kBearer)) presented = value.substr(kBearer.size());
+  if (authorization.has_value() && absl::StartsWith(*authorization, kBearer)) {
+    presented = authorization->substr(kBearer.size());
   }
   const std::pair<std::string, Role>* match = nullptr;
   for (const auto& entry : tokens_) {
@@ -99,7 +96,7 @@ absl::Status TokenAuth::Check(const grpc::ServerContextBase& context, Role neede
   absl::Status status;
   if (match == nullptr) {
     status = absl::UnauthenticatedError(absl::StrCat(
-        rpc, ": ", it == metadata.end() ? "no 'authorization' metadata"
+        rpc, ": ", !authorization.has_value() ? "no 'authorization' metadata"
                                         : "the bearer token is not one this shard knows",
         "; expected 'authorization: Bearer <token>' with a token of --auth_tokens_file"));
   } else if (match->second < needed) {

@@ -1,4 +1,4 @@
-#include "server/inflight_limit.h"
+#include "shard/inflight_limit.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -29,7 +29,7 @@ class InflightLimit {
  public:
   struct Options {
     uint64_t total = 0;           // over all connections; 0: no limit
-    uint64_t per_connection = 0;  // per gRPC peer (address and port); 0: no limit
+    uint64_t per_connection = 0;  // per peer (a connection's address and port); 0: no limit
   };
   // `metrics` (null: none) must outlive the limit.
   InflightLimit(Options options, ShardMetrics* metrics);
@@ -50,7 +50,8 @@ class InflightLimit {
     uint64_t bytes_;
   };
 
-  // A ticket for `bytes` of request from `peer` (gRPC's ServerContext::peer),
+  // A ticket for `bytes` of request from `peer` (the transport's name of
+  // the connection, e.g. gRPC's ServerContext::peer),
   // or RESOURCE_EXHAUSTED naming `rpc`, the limit and its flag. Shared, so
   // that callbacks may carry it.
   absl::StatusOr<std::shared_ptr<const Ticket>> Acquire(absl::string_view peer, uint64_t bytes,
