@@ -1,5 +1,7 @@
 #include "ember/exchange_answer.h"
 
+#include "client/internal/exchange_answer_fill.h"
+
 #include "common/aliased_serialize.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -20,15 +22,23 @@ const std::vector<absl::string_view>* ExchangeAnswer::InPlace(int i) const {
   return static_cast<size_t>(i) < pieces_.size() ? pieces_[i] : nullptr;
 }
 
-bool ExchangeAnswer::Parse(grpc::ByteBuffer* bytes) {
-  slices_ = ParseAndClearLeavingInPlace(bytes, kRowsPath, &message_, &fields_);
-  const int tables = slices_ != nullptr ? message_.lookup().tables_size() : 0;
-  pieces_.resize(tables);
-  straddled_.resize(tables);
+bool internal::ExchangeAnswerFill::Parse(ExchangeAnswer& a, grpc::ByteBuffer* bytes) {
+  a.slices_ = ParseAndClearLeavingInPlace(bytes, kRowsPath, &a.message_, &a.fields_);
+  const int tables = a.slices_ != nullptr ? a.message_.lookup().tables_size() : 0;
+  a.pieces_.resize(tables);
+  a.straddled_.resize(tables);
   // A table without rows on the wire reads its (empty) field.
-  for (int i = 0; i < tables; ++i) pieces_[i] = FindInPlace(fields_, message_.lookup().tables(i));
-  return slices_ != nullptr;
+  for (int i = 0; i < tables; ++i) {
+    a.pieces_[i] = FindInPlace(a.fields_, a.message_.lookup().tables(i));
+  }
+  return a.slices_ != nullptr;
 }
+
+v1::ExchangeResponse* internal::ExchangeAnswerFill::MutableMessage(ExchangeAnswer& a) {
+  return a.mutable_message();
+}
+
+void ExchangeAnswer::Clear() { mutable_message()->Clear(); }
 
 v1::ExchangeResponse* ExchangeAnswer::mutable_message() {
   pieces_.clear();

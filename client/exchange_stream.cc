@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/internal/exchange_answer_fill.h"
 #include "common/wire.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
 
@@ -57,7 +58,7 @@ void ExchangeStream::Send(grpc::ByteBuffer request, ExchangeAnswer* response,
   }));
   call_->Read(&answer_, driver_->Expect([this](bool ok) {
     if (ok) {
-      malformed_ = !response_->Parse(&answer_);
+      malformed_ = !internal::ExchangeAnswerFill::Parse(*response_, &answer_);
       answered_ = true;
     }
     broken_ |= !ok;

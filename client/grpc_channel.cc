@@ -9,8 +9,10 @@
 #include "client/call_driver.h"
 #include "client/call_metadata.h"
 #include "client/exchange_stream.h"
+#include "client/internal/exchange_answer_fill.h"
 #include "common/aliased_serialize.h"
 #include "common/status_macros.h"
+#include "common/tls.h"
 #include "ember/trainer_metrics.h"
 #include "ember/v1/admin_service.grpc.pb.h"
 #include "ember/v1/embedding_service.grpc.pb.h"
@@ -263,7 +265,7 @@ absl::Status GrpcChannel::Exchange(const ExchangeCall& call, std::vector<Exchang
                    CallDriver* driver, uint32_t shard, grpc::ClientContext* ctx,
                    const v1::ExchangeRequest* req, ExchangeAnswer* resp,
                    std::function<void(grpc::Status)> done) {
-    exchange(driver, shard, ctx, req, resp->mutable_message(), std::move(done));
+    exchange(driver, shard, ctx, req, internal::ExchangeAnswerFill::MutableMessage(*resp), std::move(done));
   };
   if (!options_.exchange_streams) {
     return CallShards(

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/internal/exchange_answer_fill.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ember/trainer_metrics.h"
@@ -75,19 +76,11 @@ class InProcessChannel final : public ShardChannel {
   }
   absl::Status Lookup(absl::Span<const v1::LookupRequest> requests, const std::vector<bool>& active,
                       std::vector<v1::LookupResponse>* responses) override {
-    const EdgeCall call = Call("Lookup");
-    return OnShards("Lookup", active, responses,
-                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
-                      return edge.Lookup(call, requests[i], response);
-                    });
+    return ThroughEdges("Lookup", active, requests, responses, &ShardEdge::Lookup);
   }
   absl::Status Push(absl::Span<const v1::PushRequest> requests,
                     std::vector<v1::PushResponse>* responses) override {
-    const EdgeCall call = Call("Push");
-    return OnShards("Push", All(), responses,
-                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
-                      return edge.Push(call, requests[i], response);
-                    });
+    return ThroughEdges("Push", All(), requests, responses, &ShardEdge::Push);
   }
   absl::Status Exchange(const ExchangeCall& call, std::vector<ExchangeAnswer>* answers,
                         std::vector<ShardCall>* calls) override;
@@ -96,19 +89,12 @@ class InProcessChannel final : public ShardChannel {
                               std::vector<ShardCall>* calls);
   absl::Status RegisterWorker(absl::Span<const v1::RegisterWorkerRequest> requests,
                               std::vector<v1::RegisterWorkerResponse>* responses) override {
-    const EdgeCall call = Call("RegisterWorker");
-    return OnShards("RegisterWorker", All(), responses,
-                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
-                      return edge.RegisterWorker(call, requests[i], response);
-                    });
+    return ThroughEdges("RegisterWorker", All(), requests, responses, &ShardEdge::RegisterWorker);
   }
   absl::Status UnregisterWorker(absl::Span<const v1::UnregisterWorkerRequest> requests,
                                 std::vector<v1::UnregisterWorkerResponse>* responses) override {
-    const EdgeCall call = Call("UnregisterWorker");
-    return OnShards("UnregisterWorker", All(), responses,
-                    [&](const ShardEdge& edge, uint32_t i, auto* response) {
-                      return edge.UnregisterWorker(call, requests[i], response);
-                    });
+    return ThroughEdges("UnregisterWorker", All(), requests, responses,
+                        &ShardEdge::UnregisterWorker);
   }
   absl::Status Checkpoint(absl::Span<const v1::CheckpointRequest> requests, absl::Duration timeout,
                           std::vector<v1::CheckpointResponse>* responses) override;
@@ -151,6 +137,17 @@ class InProcessChannel final : public ShardChannel {
     return absl::OkStatus();
   }
 
+  // OnShards of `method` of each shard's edge on requests[i].
+  template <typename Request, typename Response, typename Method>
+  absl::Status ThroughEdges(absl::string_view rpc, const std::vector<bool>& active,
+                            absl::Span<const Request> requests, std::vector<Response>* responses,
+                            Method method) {
+    const EdgeCall call = Call(rpc);
+    return OnShards(rpc, active, responses, [&](const ShardEdge& edge, uint32_t i, Response* r) {
+      return (edge.*method)(call, requests[i], r);
+    });
+  }
+
   // The call in the trainer's series (the shard's edge counts it in the
   // shard's).
   void Record(uint32_t shard, absl::string_view method, absl::StatusCode code, absl::Time start,
@@ -185,13 +182,15 @@ absl::Status InProcessChannel::Exchange(const ExchangeCall& call,
     ++calls_;
     starts[i] = absl::Now();
     exchanges[i].emplace(*edges_[i], edge_call);
-    statuses[i] = exchanges[i]->Push(*call.requests[i], (*answers)[i].mutable_message(), 0);
+    statuses[i] = exchanges[i]->Push(
+        *call.requests[i], internal::ExchangeAnswerFill::MutableMessage((*answers)[i]), 0);
   }
   for (uint32_t i = 0; i < n; ++i) {
     if (!active[i]) continue;
     if (statuses[i].ok()) {
-      statuses[i] = exchanges[i]->Answer(*call.requests[i], (*answers)[i].mutable_message(),
-                                         edge_call.deadline);
+      statuses[i] = exchanges[i]->Answer(
+          *call.requests[i], internal::ExchangeAnswerFill::MutableMessage((*answers)[i]),
+          edge_call.deadline);
     }
     const absl::Time end = absl::Now();
     Record(i, "Exchange", statuses[i].code(), starts[i], end);
@@ -222,7 +221,7 @@ absl::Status InProcessChannel::ExchangeOnPool(const ExchangeCall& call,
     ++calls_;
     starts[i] = absl::Now();
     (*answers)[i].Clear();
-    v1::ExchangeResponse* response = (*answers)[i].mutable_message();
+    v1::ExchangeResponse* response = internal::ExchangeAnswerFill::MutableMessage((*answers)[i]);
     ShardEdge::Exchange exchange(*edges_[i], edge_call);
     statuses[i] = exchange.Push(*call.requests[i], response, 0);
     if (statuses[i].ok()) {

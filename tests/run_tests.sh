@@ -28,6 +28,12 @@ stage() {
   STAGE_START=$SECONDS
 }
 
+# A sanitizer's own build tree, of the targets its stage runs only.
+sanitizer_tree() {  # sanitizer_tree DIR "TARGETS" -DEMBER_<SANITIZER>=ON
+  EMBER_BUILD_DIR="$1" EMBER_TARGETS="$2" \
+    scripts/build.sh "$3" -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+}
+
 stage "install and environments"
 bash deploy/install-deps.sh
 # libember_c.so's static gRPC/protobuf/Abseil/OpenSSL/re2/zlib (the Python
@@ -48,9 +54,8 @@ stage "ctest"
 if [ "${EMBER_SKIP_TSAN:-0}" != "1" ]; then
   stage "tsan"
   echo "== ThreadSanitizer: metrics, store, shard, SSP, client and shard-process concurrency tests"
-  EMBER_BUILD_DIR=build-tsan \
-    EMBER_TARGETS="common_test store_test shard_test client_test client_integration_test exchange_stream_test ember-server" \
-    scripts/build.sh -DEMBER_TSAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+  sanitizer_tree build-tsan "common_test store_test shard_test client_test \
+    client_integration_test exchange_stream_test ember-server" -DEMBER_TSAN=ON
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/common_test --gtest_filter='Metrics*:-*Death*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/store_test --gtest_filter='*Stress*'
   TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/shard_test
@@ -76,18 +81,13 @@ fi
 if [ "${EMBER_SKIP_ASAN:-0}" != "1" ]; then
   stage "asan"
   echo "== AddressSanitizer + UBSan: common, store, shard, server, client and checkpoint tests"
-  EMBER_BUILD_DIR=build-asan \
-    EMBER_TARGETS="common_test store_test shard_test server_integration_test client_test client_integration_test exchange_stream_test checkpoint_integration_test" \
-    scripts/build.sh -DEMBER_ASAN=ON -DEMBER_ENABLE_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
+  ASAN_SUITES="common_test store_test shard_test server_integration_test client_test \
+    client_integration_test exchange_stream_test checkpoint_integration_test"
+  sanitizer_tree build-asan "$ASAN_SUITES" -DEMBER_ASAN=ON
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
-  build-asan/tests/common_test
-  build-asan/tests/store_test
-  build-asan/tests/shard_test
-  build-asan/tests/server_integration_test
-  build-asan/tests/client_test
-  build-asan/tests/client_integration_test
-  build-asan/tests/exchange_stream_test
-  build-asan/tests/checkpoint_integration_test
+  for suite in $ASAN_SUITES; do
+    build-asan/tests/$suite
+  done
 fi
 if [ "${EMBER_SKIP_FUZZ:-0}" != "1" ]; then
   stage "fuzz"

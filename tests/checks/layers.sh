@@ -9,7 +9,7 @@
 #   replays: the engines come to it through the shard core)
 #   the shard core includes neither gRPC nor the edge around it
 # and the public client headers (client/include/ember/) include no
-# internals of the client (client/...). Generated protos (ember/v1/...)
+# internals of the client (client/...) and no gRPC. Generated protos (ember/v1/...)
 # are below everything. Run by tests/run_tests.sh; prints each break and
 # fails if there is one.
 set -uo pipefail
@@ -48,6 +48,10 @@ if [ -n "$found" ]; then
 fi
 rule "a public client header includes a client internal" client/include \
   '#include "client/'
+# A trainer compiles against the public headers without gRPC's: they hold
+# TLS options (common/tls_options.h), not credentials (common/tls.h).
+rule "a public client header includes gRPC" client/include \
+  '#include [<"](grpc|grpcpp)/|#include "common/tls\.h"'
 
 # The shard core (shard/) runs without a network.
 found=$(grep -rnE "${SOURCES[@]}" '#include [<"](grpc|grpcpp)/' shard 2>/dev/null)

@@ -11,6 +11,8 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
 
+#include "client/internal/exchange_answer_fill.h"
+
 namespace ember {
 namespace {
 
@@ -57,7 +59,7 @@ TEST(ExchangeAnswerTest, RowsCutAnywhereBySlicesAreReadWhole) {
   for (size_t every : {1, 5, 12, 13, 40, 4096}) {
     grpc::ByteBuffer buffer = InSlices(bytes, every);
     ExchangeAnswer a;
-    ASSERT_TRUE(a.Parse(&buffer)) << every;
+    ASSERT_TRUE(internal::ExchangeAnswerFill::Parse(a, &buffer)) << every;
     EXPECT_EQ(buffer.Length(), 0u);  // the answer took the slices
     ASSERT_EQ(a.message().lookup().tables_size(), 3);
     EXPECT_TRUE(a.message().push().duplicate());
@@ -74,7 +76,7 @@ TEST(ExchangeAnswerTest, AddressesOfEveryTableStayValidTogether) {
   const v1::ExchangeResponse answer = Answer();
   grpc::ByteBuffer buffer = InSlices(answer.SerializeAsString(), 7);
   ExchangeAnswer a;
-  ASSERT_TRUE(a.Parse(&buffer));
+  ASSERT_TRUE(internal::ExchangeAnswerFill::Parse(a, &buffer));
   // Collect every row's address first (as the StepMerger does), read after.
   std::vector<std::vector<const char*>> at(3);
   for (int i = 0; i < 3; ++i) {
@@ -91,7 +93,7 @@ TEST(ExchangeAnswerTest, TakeMessageGivesProtobufsParse) {
   const v1::ExchangeResponse answer = Answer();
   grpc::ByteBuffer buffer = InSlices(answer.SerializeAsString(), 9);
   ExchangeAnswer a;
-  ASSERT_TRUE(a.Parse(&buffer));
+  ASSERT_TRUE(internal::ExchangeAnswerFill::Parse(a, &buffer));
   const v1::ExchangeResponse taken = a.TakeMessage();
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(taken, answer));
   EXPECT_EQ(a.message().lookup().tables_size(), 0);  // the answer is empty after
@@ -101,8 +103,8 @@ TEST(ExchangeAnswerTest, AUnaryAnswerReadsTheSameFromItsFields) {
   const v1::ExchangeResponse answer = Answer();
   ExchangeAnswer a;
   grpc::ByteBuffer buffer = InSlices(answer.SerializeAsString(), 5);
-  ASSERT_TRUE(a.Parse(&buffer));
-  *a.mutable_message() = answer;  // a unary call's parse: the rows in their fields
+  ASSERT_TRUE(internal::ExchangeAnswerFill::Parse(a, &buffer));
+  *internal::ExchangeAnswerFill::MutableMessage(a) = answer;  // a unary call's parse: the rows in their fields
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(a.rows_size(i), answer.lookup().tables(i).rows().size());
     EXPECT_EQ(RowsOf(a, i), answer.lookup().tables(i).rows());
@@ -115,7 +117,7 @@ TEST(ExchangeAnswerTest, BytesThatAreNotAnAnswerAreRefusedAndLeaveItEmpty) {
   bytes.resize(bytes.size() - 3);  // the last table's rows cut short
   grpc::ByteBuffer buffer = InSlices(bytes, 16);
   ExchangeAnswer a;
-  EXPECT_FALSE(a.Parse(&buffer));
+  EXPECT_FALSE(internal::ExchangeAnswerFill::Parse(a, &buffer));
   EXPECT_EQ(a.message().lookup().tables_size(), 0);
   EXPECT_EQ(a.message().ByteSizeLong(), 0u);
 }

@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/tls.h"
+#include "common/tls_options.h"
 
 namespace ember {
 

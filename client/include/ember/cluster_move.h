@@ -34,7 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/tls.h"
+#include "common/tls_options.h"
 #include "ember/v1/admin_service.pb.h"
 
 namespace ember {

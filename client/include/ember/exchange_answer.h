@@ -22,11 +22,10 @@
 #include "common/piece_rows.h"
 #include "ember/v1/embedding_service.pb.h"
 
-namespace grpc {
-class ByteBuffer;
-}  // namespace grpc
-
 namespace ember {
+namespace internal {
+struct ExchangeAnswerFill;
+}  // namespace internal
 
 class ExchangeAnswer {
  public:
@@ -53,17 +52,16 @@ class ExchangeAnswer {
   // their fields. Leaves the answer empty.
   v1::ExchangeResponse TakeMessage();
 
-  // For the library. Parse: reads a serialised ExchangeResponse, leaving the
-  // rows in `bytes`' slices (which the answer keeps) and emptying `bytes`;
-  // false if it is not one, and the answer is then empty. mutable_message:
-  // the message for a parser that stores the rows in their fields (a unary
-  // call); drops any rows held in place.
-  bool Parse(grpc::ByteBuffer* bytes);
-  v1::ExchangeResponse* mutable_message();
   // Empties the answer.
-  void Clear() { mutable_message()->Clear(); }
+  void Clear();
 
  private:
+  // The channels fill answers (client/internal/exchange_answer_fill.h).
+  friend struct internal::ExchangeAnswerFill;
+  // Drops any rows held in place; the message for a parser that stores the
+  // rows in their fields.
+  v1::ExchangeResponse* mutable_message();
+
   // The pieces of table i's rows held in place; null when they are in the
   // message's field.
   const std::vector<absl::string_view>* InPlace(int i) const;
