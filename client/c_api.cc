@@ -1,4 +1,10 @@
 // The C ABI of ember/ember_c.h over ember::Client and ember::StepPipeline.
+//
+// Longer than the library's other files on purpose: one function per symbol
+// of ember_c.h, each a few lines of argument checks and status conversion
+// around one C++ call, in the header's order, with the handles' structs
+// private to this file; split, those structs would move into a header that
+// only these pieces would include.
 #include "ember/ember_c.h"
 
 #include <algorithm>

@@ -5,6 +5,10 @@
 // block (network, waiting for a step) runs with the GIL released. Arrays come
 // in through the buffer protocol without copies when they are C-contiguous
 // and of the right type; failures raise ember.EmberError(code, message).
+//
+// Longer than most files on purpose: it binds every function of the C ABI,
+// each a few lines (argument conversion, the GIL released), so the module's
+// whole surface reads in one place.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
