@@ -3,6 +3,7 @@ numpy reference, errors as exceptions, and pipelines on several threads."""
 
 import itertools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -299,13 +300,17 @@ def test_early_fetch_gives_the_rows_of_plain_s0_bit_for_bit(client):
                     pipe.prefetch(t + 1, [batches[t + 1]])
                 (pooled,) = pipe.wait(t)
                 seen[early].append(pooled.copy())
+                # The step's compute: the peek of t + 1 goes out meanwhile.
+                # Without it a loaded machine's network thread may only get
+                # to step t + 1 once push t is there, and fetch it after.
+                time.sleep(0.002)
                 pipe.push(t, [pooled - 0.25])
             pipe.flush()
             stats[early] = pipe.stats()
     for t in range(steps):
         assert np.array_equal(seen[False][t], seen[True][t]), f"step {t} differs"
     assert stats[False]["steps_patched"] == 0
-    assert stats[True]["steps_patched"] > steps // 2
+    assert stats[True]["steps_patched"] > steps // 2, stats[True]
     assert stats[True]["rows_patched"] > 0 and stats[True]["steps_refetched"] == 0
 
 
