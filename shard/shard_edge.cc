@@ -28,6 +28,11 @@ absl::Status ShardEdge::CheckRouting(const EdgeCall& call) const {
   return shard_->CheckRoutingEpoch(*call.routing_epoch, call.rpc);
 }
 
+absl::Status ShardEdge::AuthorizeRouted(const EdgeCall& call) const {
+  EMBER_RETURN_IF_ERROR(Authorize(call, Role::kTrainer));
+  return CheckRouting(call);
+}
+
 template <typename Call>
 absl::Status ShardEdge::Measured(ShardMetrics::Rpc rpc, Call call) const {
   if (metrics_ == nullptr) return call();
@@ -73,16 +78,14 @@ absl::Status ShardEdge::Push(const EdgeCall& call, const v1::PushRequest& reques
 absl::Status ShardEdge::RegisterWorker(const EdgeCall& call,
                                        const v1::RegisterWorkerRequest& request,
                                        v1::RegisterWorkerResponse* response) const {
-  EMBER_RETURN_IF_ERROR(Authorize(call, Role::kTrainer));
-  EMBER_RETURN_IF_ERROR(CheckRouting(call));
+  EMBER_RETURN_IF_ERROR(AuthorizeRouted(call));
   return shard_->RegisterWorker(request, response);
 }
 
 absl::Status ShardEdge::UnregisterWorker(const EdgeCall& call,
                                          const v1::UnregisterWorkerRequest& request,
                                          v1::UnregisterWorkerResponse* response) const {
-  EMBER_RETURN_IF_ERROR(Authorize(call, Role::kTrainer));
-  EMBER_RETURN_IF_ERROR(CheckRouting(call));
+  EMBER_RETURN_IF_ERROR(AuthorizeRouted(call));
   shard_->UnregisterWorker(request, response);
   return absl::OkStatus();
 }

@@ -127,6 +127,8 @@ class ShardEdge {
   };
 
  private:
+  // The trainer role, then the routing (the worker registration calls).
+  absl::Status AuthorizeRouted(const EdgeCall& call) const;
   // Runs `call`, then counts it per method and status code with its latency.
   template <typename Call>
   absl::Status Measured(ShardMetrics::Rpc rpc, Call call) const;
